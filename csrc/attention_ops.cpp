@@ -1,0 +1,130 @@
+// The rudnn operators: schemas, and the host side of each op (validate, allocate, launch).
+// Fake (meta) implementations and autograd live in python/rudnn/ops.py.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <Python.h>
+#include <torch/library.h>
+
+#include <mutex>
+
+#include "attention_problem.h"
+#include "kernels.h"
+
+namespace rudnn {
+namespace {
+
+// (seed, offset) for a call that was given none: a fresh seed from the device's default
+// generator, which advances it, so torch.manual_seed repeats runs and two calls differ.
+at::Tensor draw_dropout_state(const at::Device& device) {
+  TORCH_CHECK(device.is_cpu(), "rudnn: no kernels for device ", device);
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  uint64_t seed;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    seed = at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
+  }
+  return at::tensor({static_cast<int64_t>(seed), int64_t{0}}, at::kLong);
+}
+
+at::ScalarType stats_dtype(at::ScalarType input) { return input == at::kDouble ? at::kDouble : at::kFloat; }
+
+void check_shape(const at::Tensor& t, at::IntArrayRef expected, const char* name) {
+  TORCH_CHECK(t.sizes() == expected, name, " must have shape ", expected, ", but got ", t.sizes());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal, std::optional<double> scale,
+    bool enable_gqa, std::optional<c10::string_view> numerics, const std::optional<at::Tensor>& dropout_state,
+    at::IntArrayRef shard) {
+  AttentionProblem pb =
+      make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, numerics, shard);
+  AttentionParams& p = pb.params;
+  at::Tensor state = at::empty({0}, at::kLong);
+  if (p.has_dropout) {
+    state = dropout_state.has_value() ? dropout_state->clone() : draw_dropout_state(query.device());
+    p.rng = read_dropout_state(state, dropout_p);
+  }
+  at::Tensor out = at::empty({p.batch, p.heads, p.queries, p.value_dim}, query.options());
+  at::Tensor lse = at::empty({p.batch, p.heads, p.queries}, query.options().dtype(stats_dtype(query.scalar_type())));
+  attention_forward_cpu(pb, out, lse);
+  return {out.view(pb.out_shape), lse.view(pb.lse_shape), state};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
+    const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_lse, const at::Tensor& query,
+    const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& attn_mask, const at::Tensor& out,
+    const at::Tensor& lse, double dropout_p, bool is_causal, std::optional<double> scale, bool enable_gqa,
+    std::optional<c10::string_view> numerics, const at::Tensor& dropout_state, at::IntArrayRef shard,
+    bool mask_grad) {
+  AttentionProblem pb =
+      make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, numerics, shard);
+  AttentionParams& p = pb.params;
+  if (p.has_dropout) p.rng = read_dropout_state(dropout_state, dropout_p);
+  check_shape(grad_out, pb.out_shape, "grad_out");
+  check_shape(out, pb.out_shape, "out");
+  check_shape(lse, pb.lse_shape, "lse");
+  if (grad_lse.has_value()) check_shape(*grad_lse, pb.lse_shape, "grad_lse");
+  TORCH_CHECK(!mask_grad || p.mask_kind == MaskKind::kFloat, "mask_grad needs a floating-point attn_mask");
+
+  const std::vector<int64_t> rows{p.batch, p.heads, p.queries};
+  const std::vector<int64_t> values{p.batch, p.heads, p.queries, p.value_dim};
+  std::optional<at::Tensor> grad_lse_rows;
+  if (grad_lse.has_value()) grad_lse_rows = grad_lse->reshape(rows);
+  at::Tensor dq = at::empty(pb.q.sizes(), query.options());
+  at::Tensor dk = at::empty(pb.k.sizes(), key.options());
+  at::Tensor dv = at::empty(pb.v.sizes(), value.options());
+  at::Tensor dmask;
+  if (mask_grad) dmask = at::empty(pb.mask.sizes(), query.options().dtype(stats_dtype(query.scalar_type())));
+  attention_backward_cpu(pb, grad_out.reshape(values), out.reshape(values), lse.reshape(rows), grad_lse_rows, dq,
+                         dk, dv, dmask);
+  at::Tensor dmask_out = at::empty({0}, query.options());
+  if (mask_grad) {
+    dmask_out = gradient_to_input(dmask, pb.mask_full, attn_mask->sizes()).to(attn_mask->scalar_type());
+  }
+  return {gradient_to_input(dq, pb.q_full, query.sizes()), gradient_to_input(dk, pb.k_full, key.sizes()),
+          gradient_to_input(dv, pb.v_full, value.sizes()), dmask_out};
+}
+
+at::Tensor dropout_mask(const at::Tensor& dropout_state, at::IntArrayRef size, double p, at::IntArrayRef shard,
+                        at::ScalarType dtype) {
+  TORCH_CHECK_VALUE(size.size() == 4 && size[0] >= 0 && size[1] >= 0 && size[2] >= 0 && size[3] >= 0,
+                    "dropout_mask size must be 4 non-negative sizes (batch, heads, queries, keys), but got ", size);
+  TORCH_CHECK_VALUE(p >= 0.0 && p <= 1.0, "dropout probability has to be between 0 and 1, but got ", p);
+  TORCH_CHECK_VALUE(at::isFloatingType(dtype), "dropout_mask dtype must be a floating-point type, but got ", dtype);
+  const DropoutShard sh = make_shard(shard, size[1], size[2], size[3]);
+  const DropoutRng rng = read_dropout_state(dropout_state, p);
+  at::Tensor out = at::empty(size, dropout_state.options().dtype(dtype));
+  dropout_mask_cpu(rng, sh, out);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(rudnn, m) {
+  m.def(
+      "attention_forward(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, float dropout_p, "
+      "bool is_causal, float? scale, bool enable_gqa, str? numerics, Tensor? dropout_state, int[] shard) "
+      "-> (Tensor out, Tensor lse, Tensor dropout_state)",
+      {at::Tag::nondeterministic_seeded});
+  m.def(
+      "attention_backward(Tensor grad_out, Tensor? grad_lse, Tensor query, Tensor key, Tensor value, "
+      "Tensor? attn_mask, Tensor out, Tensor lse, float dropout_p, bool is_causal, float? scale, "
+      "bool enable_gqa, str? numerics, Tensor dropout_state, int[] shard, bool mask_grad) "
+      "-> (Tensor grad_query, Tensor grad_key, Tensor grad_value, Tensor grad_attn_mask)");
+  m.def("dropout_mask(Tensor dropout_state, int[] size, float p, int[] shard, ScalarType dtype) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(rudnn, CPU, m) {
+  m.impl("attention_forward", &attention_forward);
+  m.impl("attention_backward", &attention_backward);
+  m.impl("dropout_mask", &dropout_mask);
+}
+
+}  // namespace rudnn
+
+// `import rudnn._C` loads the library above; the module itself holds nothing.
+extern "C" PyObject* PyInit__C(void) {
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module);
+}

@@ -1,0 +1,32 @@
+// One description of an attention problem, read by every kernel. No ATen inside.
+#pragma once
+
+#include <cstdint>
+
+#include "philox.h"
+
+namespace rudnn {
+
+enum class MaskKind : int32_t { kNone = 0, kBool = 1, kFloat = 2 };
+
+// SPEC section 4: "exact" keeps everything between score and output in float32 (float64 for
+// float64 inputs); "flash" reproduces FlashAttention's rounding points.
+enum class Numerics : int32_t { kExact = 0, kFlash = 1 };
+
+// Canonical problem: query (B, H, L, E), key (B, Hkv, S, E), value (B, Hkv, S, Ev),
+// mask (Bm, Hm, Lm, Sm) with each mask size either 1 (broadcast) or the full size.
+struct AttentionParams {
+  int64_t batch, heads, kv_heads, queries, keys, head_dim, value_dim;
+  int64_t mask_batch, mask_heads, mask_queries, mask_keys;
+  MaskKind mask_kind;
+  bool is_causal;  // key j takes part only if key_start + j <= query_start + i
+  double scale;
+  Numerics numerics;
+  bool has_dropout;
+  DropoutRng rng;
+  DropoutShard shard;  // also places the problem for causality
+
+  int64_t group() const { return heads / kv_heads; }
+};
+
+}  // namespace rudnn

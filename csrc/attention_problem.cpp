@@ -1,0 +1,201 @@
+#include "attention_problem.h"
+
+#include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
+#include <c10/util/irange.h>
+
+#include <cmath>
+
+namespace rudnn {
+namespace {
+
+std::vector<int64_t> padded(at::IntArrayRef sizes, int64_t rank) {
+  std::vector<int64_t> out(rank - static_cast<int64_t>(sizes.size()), 1);
+  out.insert(out.end(), sizes.begin(), sizes.end());
+  return out;
+}
+
+std::vector<int64_t> concat(at::IntArrayRef a, std::initializer_list<int64_t> b) {
+  std::vector<int64_t> out(a.begin(), a.end());
+  out.insert(out.end(), b);
+  return out;
+}
+
+// Leading sizes N... of a tensor padded to `rank`, i.e. all but the last three (H, L/S, E).
+std::vector<int64_t> batch_sizes(const at::Tensor& t, int64_t rank) {
+  auto p = padded(t.sizes(), rank);
+  return std::vector<int64_t>(p.begin(), p.end() - 3);
+}
+
+// Expands `t` (viewed at `rank` dims) to `full` and flattens the leading dims into one.
+at::Tensor canonical(const at::Tensor& t, at::IntArrayRef full) {
+  const int64_t rank = static_cast<int64_t>(full.size());
+  at::Tensor view = t.reshape(padded(t.sizes(), rank)).expand(full);
+  const int64_t batch = c10::multiply_integers(full.begin(), full.end() - 3);
+  return view.reshape({batch, full[rank - 3], full[rank - 2], full[rank - 1]});
+}
+
+bool is_supported_dtype(at::ScalarType t) {
+  return t == at::kHalf || t == at::kBFloat16 || t == at::kFloat || t == at::kDouble;
+}
+
+Numerics parse_numerics(std::optional<std::string_view> numerics, at::ScalarType dtype) {
+  if (!numerics.has_value()) {
+    return (dtype == at::kHalf || dtype == at::kBFloat16) ? Numerics::kFlash : Numerics::kExact;
+  }
+  if (*numerics == "exact") return Numerics::kExact;
+  if (*numerics == "flash") return Numerics::kFlash;
+  TORCH_CHECK_VALUE(false, "numerics must be None, 'exact' or 'flash', but got '", *numerics, "'");
+}
+
+}  // namespace
+
+DropoutShard make_shard(at::IntArrayRef shard, int64_t heads, int64_t queries, int64_t keys) {
+  TORCH_CHECK_VALUE(shard.size() == 6,
+                    "dropout shard must have 6 entries (global_heads, head_start, global_queries, "
+                    "query_start, global_keys, key_start), but got ", shard.size());
+  const char* names[3] = {"heads", "queries", "keys"};
+  const int64_t local[3] = {heads, queries, keys};
+  int64_t resolved[6];
+  for (int d = 0; d < 3; ++d) {
+    const int64_t start = shard[2 * d + 1];
+    const int64_t global = shard[2 * d] < 0 ? start + local[d] : shard[2 * d];
+    TORCH_CHECK_VALUE(start >= 0, "dropout shard: ", names[d], " start must be >= 0, but got ", start);
+    TORCH_CHECK_VALUE(start + local[d] <= global, "dropout shard: ", names[d], " start (", start, ") + local ",
+                      names[d], " (", local[d], ") exceeds global ", names[d], " (", global, ")");
+    resolved[2 * d] = global;
+    resolved[2 * d + 1] = start;
+  }
+  return DropoutShard{resolved[0], resolved[1], resolved[2], resolved[3], resolved[4], resolved[5]};
+}
+
+DropoutRng read_dropout_state(const at::Tensor& state, double dropout_p) {
+  TORCH_CHECK_VALUE(state.scalar_type() == at::kLong && state.numel() == 2 && state.device().is_cpu(),
+                    "dropout state must be a CPU int64 tensor holding (seed, offset), but got ",
+                    state.scalar_type(), " of ", state.numel(), " elements on ", state.device());
+  const at::Tensor s = state.contiguous();
+  const int64_t* v = s.const_data_ptr<int64_t>();
+  return DropoutRng{static_cast<uint64_t>(v[0]), static_cast<uint64_t>(v[1]), static_cast<float>(dropout_p),
+                    dropout_p < 1.0 ? 1.0 / (1.0 - dropout_p) : 0.0};
+}
+
+at::Tensor gradient_to_input(const at::Tensor& grad, at::IntArrayRef full, at::IntArrayRef input_sizes) {
+  const auto target = padded(input_sizes, static_cast<int64_t>(full.size()));
+  return grad.reshape(full).sum_to_size(target).reshape(input_sizes);
+}
+
+AttentionProblem make_problem(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                              const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                              std::optional<double> scale, bool enable_gqa,
+                              std::optional<std::string_view> numerics, at::IntArrayRef shard) {
+  TORCH_CHECK(query.dim() >= 2 && key.dim() >= 2 && value.dim() >= 2,
+              "Expected query, key, and value to all be at least 2 dimensional, but got query.dim: ",
+              query.dim(), " key.dim: ", key.dim(), " and value.dim: ", value.dim(), " instead.");
+  TORCH_CHECK(query.scalar_type() == key.scalar_type() && query.scalar_type() == value.scalar_type(),
+              "Expected query, key, and value to have the same dtype, but got query.dtype: ",
+              query.scalar_type(), " key.dtype: ", key.scalar_type(), " and value.dtype: ",
+              value.scalar_type(), " instead.");
+  TORCH_CHECK(is_supported_dtype(query.scalar_type()),
+              "query, key and value must be float16, bfloat16, float32 or float64, but got ",
+              query.scalar_type());
+  TORCH_CHECK(query.device() == key.device() && query.device() == value.device(),
+              "Expected query, key, and value to be on the same device, but got query.device: ",
+              query.device(), " key.device: ", key.device(), " and value.device: ", value.device(), " instead.");
+  TORCH_CHECK(key.size(-1) == query.size(-1), "key's last dimension (", key.size(-1),
+              ") must equal query's last dimension (", query.size(-1), "): both are the head dim E");
+  TORCH_CHECK(value.size(-2) == key.size(-2), "value's sequence length (size(-2) = ", value.size(-2),
+              ") must equal key's (", key.size(-2), ")");
+  TORCH_CHECK(dropout_p >= 0.0 && dropout_p <= 1.0,
+              "dropout probability has to be between 0 and 1, but got ", dropout_p);
+  TORCH_CHECK(!(is_causal && attn_mask.has_value()),
+              "_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True");
+
+  // Batch dims N... broadcast among query, key and value; dim -3 holds the heads.
+  const int64_t rank = std::max<int64_t>({query.dim(), key.dim(), value.dim(), 3});
+  const auto qb = batch_sizes(query, rank), kb = batch_sizes(key, rank), vb = batch_sizes(value, rank);
+  const auto batch = at::infer_size(at::infer_size(qb, kb), vb);
+  const int64_t hq = padded(query.sizes(), rank)[rank - 3];
+  const int64_t hk = padded(key.sizes(), rank)[rank - 3];
+  const int64_t hv = padded(value.sizes(), rank)[rank - 3];
+  int64_t heads = hq;
+  if (enable_gqa) {
+    TORCH_CHECK(hk > 0 && hv > 0 && hq % hk == 0 && hq % hv == 0,
+                "Number of heads in key and value must divide the number of heads in query, but got ", hq,
+                " query heads, ", hk, " key heads and ", hv, " value heads");
+  } else {
+    const bool broadcasts = (hk == hq || hk == 1 || hq == 1) && (hv == hq || hv == 1 || hq == 1) &&
+                            (hk == hv || hk == 1 || hv == 1);
+    TORCH_CHECK(broadcasts, "query, key and value head counts (", hq, ", ", hk, ", ", hv,
+                ") must be equal or 1; pass enable_gqa=True for grouped-query attention");
+    heads = std::max({hq, hk, hv});
+  }
+  // Key and value share one head count Hkv that divides H; a count of 1 broadcasts.
+  TORCH_CHECK(hk == hv || hk == 1 || hv == 1, "key and value head counts (", hk, " and ", hv,
+              ") must be equal, or one of them 1");
+  const int64_t kv_heads = std::max(hk, hv);
+
+  const int64_t L = query.size(-2), S = key.size(-2), E = query.size(-1), Ev = value.size(-1);
+  AttentionProblem pb;
+  pb.q_full = concat(batch, {heads, L, E});
+  pb.k_full = concat(batch, {kv_heads, S, E});
+  pb.v_full = concat(batch, {kv_heads, S, Ev});
+  pb.out_shape = concat(batch, {heads, L, Ev});
+  pb.lse_shape = concat(batch, {heads, L});
+  // 2-D inputs (L, E) give 2-D outputs, as in PyTorch.
+  if (std::max({query.dim(), key.dim(), value.dim()}) == 2) {
+    pb.out_shape = {L, Ev};
+    pb.lse_shape = {L};
+  }
+  pb.q = canonical(query, pb.q_full);
+  pb.k = canonical(key, pb.k_full);
+  pb.v = canonical(value, pb.v_full);
+
+  AttentionParams& p = pb.params;
+  p.batch = pb.q.size(0);
+  p.heads = heads;
+  p.kv_heads = kv_heads;
+  p.queries = L;
+  p.keys = S;
+  p.head_dim = E;
+  p.value_dim = Ev;
+  p.mask_kind = MaskKind::kNone;
+  p.mask_batch = p.mask_heads = p.mask_queries = p.mask_keys = 1;
+
+  if (attn_mask.has_value()) {
+    const at::Tensor& m = *attn_mask;
+    TORCH_CHECK(m.scalar_type() == at::kBool || m.scalar_type() == query.scalar_type(),
+                "Expected attn_mask dtype to be bool or float or to match query dtype, but got attn_mask.dtype: ",
+                m.scalar_type(), " and  query.dtype: ", query.scalar_type(), " instead.");
+    TORCH_CHECK(m.device() == query.device(), "attn_mask must be on the device of query (", query.device(),
+                "), but is on ", m.device());
+    const auto attention = concat(batch, {heads, L, S});
+    const int64_t full_rank = static_cast<int64_t>(attention.size());
+    bool fits = m.dim() <= full_rank;
+    std::vector<int64_t> mp = fits ? padded(m.sizes(), full_rank) : std::vector<int64_t>{};
+    for (int64_t d = 0; fits && d < full_rank; ++d) fits = mp[d] == 1 || mp[d] == attention[d];
+    TORCH_CHECK(fits, "attn_mask of shape ", m.sizes(), " does not broadcast to the attention shape ",
+                at::IntArrayRef(attention), " (N..., heads, L, S)");
+    // Broadcast batch dims stay size 1 (Bm = 1) unless some of them are full: then the batch
+    // dims are expanded, never the (heads, L, S) part.
+    bool any_batch = false;
+    for (int64_t d = 0; d < full_rank - 3; ++d) any_batch |= mp[d] != 1;
+    pb.mask_full = mp;
+    if (any_batch) std::copy(batch.begin(), batch.end(), pb.mask_full.begin());
+    pb.mask = canonical(m, pb.mask_full);
+    p.mask_kind = m.scalar_type() == at::kBool ? MaskKind::kBool : MaskKind::kFloat;
+    p.mask_batch = pb.mask.size(0);
+    p.mask_heads = pb.mask.size(1);
+    p.mask_queries = pb.mask.size(2);
+    p.mask_keys = pb.mask.size(3);
+  }
+
+  p.is_causal = is_causal;
+  p.scale = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(E));
+  p.numerics = parse_numerics(numerics, query.scalar_type());
+  p.has_dropout = dropout_p > 0.0;
+  p.rng = DropoutRng{0, 0, static_cast<float>(dropout_p), 0.0};
+  p.shard = make_shard(shard, heads, L, S);
+  return pb;
+}
+
+}  // namespace rudnn

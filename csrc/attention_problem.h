@@ -1,0 +1,42 @@
+// Validation of user inputs and their canonical 4-D form. Every op goes through here, so every
+// bad input is caught in one place and reported with the argument and the rule it breaks.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "attention_params.h"
+
+namespace rudnn {
+
+struct AttentionProblem {
+  AttentionParams params;
+  // q: (B, H, L, E), k: (B, Hkv, S, E), v: (B, Hkv, S, Ev), mask: (Bm, Hm, Lm, Sm) or undefined.
+  // Views of the inputs; a copy is made only for broadcasts that no strides can express.
+  at::Tensor q, k, v, mask;
+  std::vector<int64_t> out_shape;  // (N..., H, L, Ev)
+  std::vector<int64_t> lse_shape;  // (N..., H, L)
+  // Inputs broadcast to the problem, before the batch dims N... are flattened into B:
+  // gradients of the canonical tensors are reshaped to these, then summed to the inputs' shapes.
+  std::vector<int64_t> q_full, k_full, v_full, mask_full;
+};
+
+AttentionProblem make_problem(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                              const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                              std::optional<double> scale, bool enable_gqa,
+                              std::optional<std::string_view> numerics, at::IntArrayRef shard);
+
+// Reads (seed, offset) from a dropout state tensor: int64, two elements, on the CPU.
+DropoutRng read_dropout_state(const at::Tensor& state, double dropout_p);
+
+// Resolves a shard description [global_heads, head_start, global_queries, query_start,
+// global_keys, key_start] (-1: the local size) for a problem of the given local sizes.
+DropoutShard make_shard(at::IntArrayRef shard, int64_t heads, int64_t queries, int64_t keys);
+
+// Gradient of a canonical tensor back to the shape of the input it came from.
+at::Tensor gradient_to_input(const at::Tensor& grad, at::IntArrayRef full, at::IntArrayRef input_sizes);
+
+}  // namespace rudnn

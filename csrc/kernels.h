@@ -1,0 +1,26 @@
+// Device kernels behind the ops. Host code (attention_ops.cpp) validates and allocates;
+// these only compute. Tensors are the canonical ones of AttentionProblem.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+#include "attention_problem.h"
+
+namespace rudnn {
+
+// out: (B, H, L, Ev) in the input dtype; lse: (B, H, L) float32 (float64 for float64 inputs).
+void attention_forward_cpu(const AttentionProblem& pb, const at::Tensor& out, const at::Tensor& lse);
+
+// grad_out, out: (B, H, L, Ev); lse, grad_lse: (B, H, L). Writes dq, dk, dv (canonical shapes)
+// and, when defined, dmask of the canonical mask's shape (Bm, Hm, Lm, Sm).
+void attention_backward_cpu(const AttentionProblem& pb, const at::Tensor& grad_out, const at::Tensor& out,
+                            const at::Tensor& lse, const std::optional<at::Tensor>& grad_lse,
+                            const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv,
+                            const at::Tensor& dmask);
+
+// out: (batch, heads, queries, keys), contiguous; element = keep ? 1/(1-p) : 0.
+void dropout_mask_cpu(const DropoutRng& rng, const DropoutShard& shard, const at::Tensor& out);
+
+}  // namespace rudnn
