@@ -26,7 +26,7 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // to its arithmetic. RUDNN_CPU_BLOCK="q,k" overrides them; the tests use small tiles so that
 // small problems cross tile boundaries.
 struct Blocks {
-  int64_t q = 256, k = 512;
+  int64_t q = 256, k = 256;
 };
 
 Blocks cpu_blocks() {
@@ -55,7 +55,9 @@ class Tiles {
     acc_ = dtype_ == at::kDouble ? at::kDouble : at::kFloat;
     flash_ = p_.numerics == Numerics::kFlash;
     unit_ = flash_ ? kLog2e : 1.0;
-    if (p_.is_causal) v_finite_ = at::isfinite(pb.v).all(-1).all(-1).contiguous();
+    // A sum over each head is finite iff every value is, unless it overflows: then tiles are
+    // merely not skipped. One pass, instead of the four of at::isfinite(...).all().
+    if (p_.is_causal) v_finite_ = at::isfinite(pb.v.sum({2, 3}, /*keepdim=*/false, acc_)).contiguous();
   }
 
   const Blocks& blocks() const { return blocks_; }
@@ -150,7 +152,7 @@ class Tiles {
   at::ScalarType dtype_, acc_;
   bool flash_;
   double unit_;
-  at::Tensor v_finite_;  // (B, Hkv): every value of V finite
+  at::Tensor v_finite_;  // (B, Hkv): every value of V is finite
 };
 
 // lse * unit, +inf where lse is -inf (rows with no keys), so that base^(s - lse) is 0 there.
@@ -297,8 +299,10 @@ void attention_backward_cpu(const AttentionProblem& pb, const at::Tensor& grad_o
   });
 
   if (!dmask.defined()) return;
-  // dMask_ij = dS_ij summed over the dims the mask broadcasts along. Each task owns a block of
-  // mask rows and visits, in a fixed order, every (b, h, i) that reads them: deterministic, no atomics.
+  // dMask_ij = dS_ij summed over the dims the mask broadcasts along, with dS in float32 in both
+  // numerics (FlashAttention has no mask gradient; rounding dS first would turn the cancellation in
+  // sums such as sum_j dS_ij = 0 into noise). Each task owns a block of mask rows and visits, in a
+  // fixed order, every (b, h, i) that reads them: deterministic, no atomics.
   const int64_t mask_row_tiles = p.mask_queries == 1 ? 1 : t.query_tiles();
   at::parallel_for(0, p.mask_batch * p.mask_heads * mask_row_tiles, 1, [&](int64_t begin, int64_t end) {
     at::NoGradGuard no_grad_worker;
@@ -323,7 +327,7 @@ void attention_backward_cpu(const AttentionProblem& pb, const at::Tensor& grad_o
             for (int64_t kt = 0; kt < t.key_tiles(); ++kt) {
               const Span ks = t.key_tile(kt);
               TileProbs g = t.probs(q, dout, t.rows(pb.k, b, hk, ks), t.rows(pb.v, b, hk, ks), lse_rows, b, h, qs, ks);
-              at::Tensor ds = t.round(g.dp.sub_(d_rows).mul_(g.p));
+              at::Tensor ds = g.dp.sub_(d_rows).mul_(g.p);
               if (p.mask_queries == 1) ds = ds.sum(0, /*keepdim=*/true);
               if (p.mask_keys == 1) {
                 dm.add_(ds.sum(1, /*keepdim=*/true));
