@@ -16,16 +16,18 @@ DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
 
 
 @pytest.mark.parametrize("L,S", list(itertools.product(LENGTHS, LENGTHS)))
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_lengths(device, L, S, dtype):
-    # Head dims, heads, batch dims and causality vary with the case so that the grid covers them all.
+    # Head dims, heads, batch dims, causality and numerics vary with the case so that the grid
+    # covers them all.
     index = LENGTHS.index(L) * len(LENGTHS) + LENGTHS.index(S)
     E = HEAD_DIMS[index % len(HEAD_DIMS)]
     Ev = HEAD_DIMS[(index + 3) % len(HEAD_DIMS)]
     hq, hk = HEADS[index % len(HEADS)]
     batch = [(), (2,), (2, 3)][index % 3]
+    numerics = ["exact", "flash"][index // 2 % 2]
     case.run(device, dtype, (*batch, hq, L, E), (*batch, hk, S, E), (*batch, hk, S, Ev),
-             is_causal=index % 2 == 1, enable_gqa=hq != hk)
+             is_causal=index % 2 == 1, enable_gqa=hq != hk, numerics=numerics)
 
 
 @pytest.mark.parametrize("E", HEAD_DIMS)
