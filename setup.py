@@ -1,10 +1,33 @@
 """Builds rudnn._C: the CPU kernels always, the CUDA kernels when torch is a CUDA build and nvcc is found."""
 import glob
+import importlib.util
 import os
+
+import shutil
+import subprocess
 
 import torch
 from setuptools import setup
-from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+
+
+def nvcc_toolkit_root():
+    """The toolkit of the nvcc on PATH, as nvcc itself reports it (nvcc may be a wrapper script
+    outside its toolkit, where torch's guess from its location would miss the libraries)."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return None
+    dry = subprocess.run([nvcc, "-dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
+                         capture_output=True, text=True)
+    for line in (dry.stdout + dry.stderr).splitlines():
+        if line.startswith("#$ TOP="):
+            return os.path.normpath(line.split("=", 1)[1].strip())
+    return None
+
+
+if "CUDA_HOME" not in os.environ and "CUDA_PATH" not in os.environ and nvcc_toolkit_root():
+    os.environ["CUDA_HOME"] = nvcc_toolkit_root()
+
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
 
 def default_cuda_arch():
@@ -13,6 +36,16 @@ def default_cuda_arch():
         major, minor = torch.cuda.get_device_capability()
         return f"{major}.{minor}" + ("a" if (major, minor) == (9, 0) else "")
     return "9.0a"
+
+
+def pip_cuda_include_dirs():
+    """Headers of torch's own CUDA pip dependencies (nvidia/*/include). Searched after the
+    toolkit's: where the local toolkit is a compiler only, they hold the library headers (cuSPARSE,
+    cuBLAS) that ATen's CUDA headers include."""
+    spec = importlib.util.find_spec("nvidia")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    return sorted(d for loc in spec.submodule_search_locations for d in glob.glob(os.path.join(loc, "*", "include")))
 
 
 def extension():
@@ -25,7 +58,10 @@ def extension():
             "rudnn._C",
             sources + cuda_sources,
             define_macros=[("RUDNN_WITH_CUDA", None)],
-            extra_compile_args={"cxx": cxx, "nvcc": ["-O3", "-lineinfo"]},
+            extra_compile_args={
+                "cxx": cxx,
+                "nvcc": ["-O3", "-lineinfo"] + [f for d in pip_cuda_include_dirs() for f in ("-isystem", d)],
+            },
         )
     return CppExtension("rudnn._C", sources, extra_compile_args={"cxx": cxx})
 

@@ -13,9 +13,19 @@
 namespace rudnn {
 namespace {
 
-// (seed, offset) for a call that was given none: a fresh seed from the device's default
-// generator, which advances it, so torch.manual_seed repeats runs and two calls differ.
-at::Tensor draw_dropout_state(const at::Device& device) {
+// Philox counters a call may use: one per four positions of the global (B, GH, GL, GS) problem.
+uint64_t dropout_counters(const AttentionParams& p) {
+  const DropoutShard& s = p.shard;
+  const uint64_t positions = static_cast<uint64_t>(p.batch) * s.global_heads * s.global_queries * s.global_keys;
+  return (positions + 3) / 4;
+}
+
+// (seed, offset) for a call that was given none, from the device's default generator, which is
+// advanced past the counters the call uses: torch.manual_seed repeats runs and two calls differ.
+at::Tensor draw_dropout_state(const at::Device& device, uint64_t counters) {
+#ifdef RUDNN_WITH_CUDA
+  if (device.is_cuda()) return cuda::draw_dropout_state_cuda(device, counters);
+#endif
   TORCH_CHECK(device.is_cpu(), "rudnn: no kernels for device ", device);
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   uint64_t seed;
@@ -42,12 +52,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
   AttentionParams& p = pb.params;
   at::Tensor state = at::empty({0}, at::kLong);
   if (p.has_dropout) {
-    state = dropout_state.has_value() ? dropout_state->clone() : draw_dropout_state(query.device());
-    p.rng = read_dropout_state(state, dropout_p);
+    state = dropout_state.has_value() ? dropout_state->clone()
+                                      : draw_dropout_state(query.device(), dropout_counters(p));
+    set_dropout_state(p, state, dropout_p, query.device());
   }
   at::Tensor out = at::empty({p.batch, p.heads, p.queries, p.value_dim}, query.options());
   at::Tensor lse = at::empty({p.batch, p.heads, p.queries}, query.options().dtype(stats_dtype(query.scalar_type())));
-  attention_forward_cpu(pb, out, lse);
+#ifdef RUDNN_WITH_CUDA
+  if (query.is_cuda()) {
+    cuda::attention_forward_cuda(pb, out, lse);
+  } else
+#endif
+  {
+    attention_forward_cpu(pb, out, lse);
+  }
   return {out.view(pb.out_shape), lse.view(pb.lse_shape), state};
 }
 
@@ -60,7 +78,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
   AttentionProblem pb =
       make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, numerics, shard);
   AttentionParams& p = pb.params;
-  if (p.has_dropout) p.rng = read_dropout_state(dropout_state, dropout_p);
+  if (p.has_dropout) set_dropout_state(p, dropout_state, dropout_p, query.device());
   check_shape(grad_out, pb.out_shape, "grad_out");
   check_shape(out, pb.out_shape, "out");
   check_shape(lse, pb.lse_shape, "lse");
@@ -76,8 +94,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
   at::Tensor dv = at::empty(pb.v.sizes(), value.options());
   at::Tensor dmask;
   if (mask_grad) dmask = at::empty(pb.mask.sizes(), query.options().dtype(stats_dtype(query.scalar_type())));
-  attention_backward_cpu(pb, grad_out.reshape(values), out.reshape(values), lse.reshape(rows), grad_lse_rows, dq,
-                         dk, dv, dmask);
+#ifdef RUDNN_WITH_CUDA
+  if (query.is_cuda()) {
+    cuda::attention_backward_cuda(pb, grad_out.reshape(values), out.reshape(values), lse.reshape(rows), grad_lse_rows,
+                                  dq, dk, dv, dmask);
+  } else
+#endif
+  {
+    attention_backward_cpu(pb, grad_out.reshape(values), out.reshape(values), lse.reshape(rows), grad_lse_rows, dq,
+                           dk, dv, dmask);
+  }
   at::Tensor dmask_out = at::empty({0}, query.options());
   if (mask_grad) {
     dmask_out = gradient_to_input(dmask, pb.mask_full, attn_mask->sizes()).to(attn_mask->scalar_type());
@@ -93,9 +119,16 @@ at::Tensor dropout_mask(const at::Tensor& dropout_state, at::IntArrayRef size, d
   TORCH_CHECK_VALUE(p >= 0.0 && p <= 1.0, "dropout probability has to be between 0 and 1, but got ", p);
   TORCH_CHECK_VALUE(at::isFloatingType(dtype), "dropout_mask dtype must be a floating-point type, but got ", dtype);
   const DropoutShard sh = make_shard(shard, size[1], size[2], size[3]);
-  const DropoutRng rng = read_dropout_state(dropout_state, p);
+  AttentionParams params{};
+  set_dropout_state(params, dropout_state, p, dropout_state.device());
   at::Tensor out = at::empty(size, dropout_state.options().dtype(dtype));
-  dropout_mask_cpu(rng, sh, out);
+#ifdef RUDNN_WITH_CUDA
+  if (out.is_cuda()) {
+    cuda::dropout_mask_cuda(params.rng, dropout_state, sh, out);
+    return out;
+  }
+#endif
+  dropout_mask_cpu(params.rng, sh, out);
   return out;
 }
 
@@ -120,6 +153,14 @@ TORCH_LIBRARY_IMPL(rudnn, CPU, m) {
   m.impl("attention_backward", &attention_backward);
   m.impl("dropout_mask", &dropout_mask);
 }
+
+#ifdef RUDNN_WITH_CUDA
+TORCH_LIBRARY_IMPL(rudnn, CUDA, m) {
+  m.impl("attention_forward", &attention_forward);
+  m.impl("attention_backward", &attention_backward);
+  m.impl("dropout_mask", &dropout_mask);
+}
+#endif
 
 }  // namespace rudnn
 

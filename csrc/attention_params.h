@@ -5,6 +5,12 @@
 
 #include "philox.h"
 
+#if defined(__CUDACC__)
+#define RUDNN_HOST_DEVICE_FN __host__ __device__
+#else
+#define RUDNN_HOST_DEVICE_FN
+#endif
+
 namespace rudnn {
 
 enum class MaskKind : int32_t { kNone = 0, kBool = 1, kFloat = 2 };
@@ -12,6 +18,11 @@ enum class MaskKind : int32_t { kNone = 0, kBool = 1, kFloat = 2 };
 // SPEC section 4: "exact" keeps everything between score and output in float32 (float64 for
 // float64 inputs); "flash" reproduces FlashAttention's rounding points.
 enum class Numerics : int32_t { kExact = 0, kFlash = 1 };
+
+// Element strides of a canonical (batch, head, row, column) tensor.
+struct Strides4 {
+  int64_t batch, head, row, col;
+};
 
 // Canonical problem: query (B, H, L, E), key (B, Hkv, S, E), value (B, Hkv, S, Ev),
 // mask (Bm, Hm, Lm, Sm) with each mask size either 1 (broadcast) or the full size.
@@ -26,7 +37,15 @@ struct AttentionParams {
   DropoutRng rng;
   DropoutShard shard;  // also places the problem for causality
 
-  int64_t group() const { return heads / kv_heads; }
+  // The canonical inputs (host or device memory) and their element strides; the mask's strides
+  // are 0 along the dims it broadcasts over, so kernels index it like the full (B, H, L, S).
+  const void *q, *k, *v, *mask;
+  Strides4 q_strides, k_strides, v_strides, mask_strides;
+  // CUDA: (seed, offset) of the dropout generator in device memory, read by the kernels so that
+  // CUDA graphs replay with the generator's current state. rng.seed/offset hold them on the CPU.
+  const int64_t* rng_state;
+
+  RUDNN_HOST_DEVICE_FN int64_t group() const { return heads / kv_heads; }
 };
 
 }  // namespace rudnn

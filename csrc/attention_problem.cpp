@@ -39,6 +39,12 @@ bool is_supported_dtype(at::ScalarType t) {
   return t == at::kHalf || t == at::kBFloat16 || t == at::kFloat || t == at::kDouble;
 }
 
+Strides4 strides_of(const at::Tensor& t) {
+  // Size-1 dims get stride 0: the same element whatever the index.
+  auto s = [&](int d) { return t.size(d) == 1 ? int64_t{0} : t.stride(d); };
+  return Strides4{s(0), s(1), s(2), s(3)};
+}
+
 Numerics parse_numerics(std::optional<std::string_view> numerics, at::ScalarType dtype) {
   if (!numerics.has_value()) {
     return (dtype == at::kHalf || dtype == at::kBFloat16) ? Numerics::kFlash : Numerics::kExact;
@@ -69,14 +75,17 @@ DropoutShard make_shard(at::IntArrayRef shard, int64_t heads, int64_t queries, i
   return DropoutShard{resolved[0], resolved[1], resolved[2], resolved[3], resolved[4], resolved[5]};
 }
 
-DropoutRng read_dropout_state(const at::Tensor& state, double dropout_p) {
-  TORCH_CHECK_VALUE(state.scalar_type() == at::kLong && state.numel() == 2 && state.device().is_cpu(),
-                    "dropout state must be a CPU int64 tensor holding (seed, offset), but got ",
+void set_dropout_state(AttentionParams& p, const at::Tensor& state, double dropout_p, const at::Device& device) {
+  TORCH_CHECK_VALUE(state.scalar_type() == at::kLong && state.numel() == 2 && state.device() == device,
+                    "dropout state must be an int64 tensor holding (seed, offset) on ", device, ", but got ",
                     state.scalar_type(), " of ", state.numel(), " elements on ", state.device());
-  const at::Tensor s = state.contiguous();
-  const int64_t* v = s.const_data_ptr<int64_t>();
-  return DropoutRng{static_cast<uint64_t>(v[0]), static_cast<uint64_t>(v[1]), static_cast<float>(dropout_p),
-                    dropout_p < 1.0 ? 1.0 / (1.0 - dropout_p) : 0.0};
+  TORCH_CHECK_VALUE(state.is_contiguous(), "dropout state must be contiguous");
+  p.rng = DropoutRng{0, 0, static_cast<float>(dropout_p), dropout_p < 1.0 ? 1.0 / (1.0 - dropout_p) : 0.0};
+  p.rng_state = state.const_data_ptr<int64_t>();
+  if (device.is_cpu()) {
+    p.rng.seed = static_cast<uint64_t>(p.rng_state[0]);
+    p.rng.offset = static_cast<uint64_t>(p.rng_state[1]);
+  }
 }
 
 at::Tensor gradient_to_input(const at::Tensor& grad, at::IntArrayRef full, at::IntArrayRef input_sizes) {
@@ -189,6 +198,15 @@ AttentionProblem make_problem(const at::Tensor& query, const at::Tensor& key, co
     p.mask_keys = pb.mask.size(3);
   }
 
+  p.q = pb.q.const_data_ptr();
+  p.k = pb.k.const_data_ptr();
+  p.v = pb.v.const_data_ptr();
+  p.mask = pb.mask.defined() ? pb.mask.const_data_ptr() : nullptr;
+  p.q_strides = strides_of(pb.q);
+  p.k_strides = strides_of(pb.k);
+  p.v_strides = strides_of(pb.v);
+  p.mask_strides = pb.mask.defined() ? strides_of(pb.mask) : Strides4{0, 0, 0, 0};
+  p.rng_state = nullptr;
   p.is_causal = is_causal;
   p.scale = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(E));
   p.numerics = parse_numerics(numerics, query.scalar_type());

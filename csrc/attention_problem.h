@@ -29,8 +29,9 @@ AttentionProblem make_problem(const at::Tensor& query, const at::Tensor& key, co
                               std::optional<double> scale, bool enable_gqa,
                               std::optional<std::string_view> numerics, at::IntArrayRef shard);
 
-// Reads (seed, offset) from a dropout state tensor: int64, two elements, on the CPU.
-DropoutRng read_dropout_state(const at::Tensor& state, double dropout_p);
+// Points the problem's dropout at a state tensor (seed, offset): int64, two elements, on the
+// problem's device. On the CPU the values are read here; CUDA kernels read them on the device.
+void set_dropout_state(AttentionParams& p, const at::Tensor& state, double dropout_p, const at::Device& device);
 
 // Resolves a shard description [global_heads, head_start, global_queries, query_start,
 // global_keys, key_start] (-1: the local size) for a problem of the given local sizes.

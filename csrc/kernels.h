@@ -24,3 +24,20 @@ void attention_backward_cpu(const AttentionProblem& pb, const at::Tensor& grad_o
 void dropout_mask_cpu(const DropoutRng& rng, const DropoutShard& shard, const at::Tensor& out);
 
 }  // namespace rudnn
+
+#ifdef RUDNN_WITH_CUDA
+namespace rudnn::cuda {
+
+void attention_forward_cuda(const AttentionProblem& pb, const at::Tensor& out, const at::Tensor& lse);
+void attention_backward_cuda(const AttentionProblem& pb, const at::Tensor& grad_out, const at::Tensor& out,
+                             const at::Tensor& lse, const std::optional<at::Tensor>& grad_lse, const at::Tensor& dq,
+                             const at::Tensor& dk, const at::Tensor& dv, const at::Tensor& dmask);
+// out: (batch, heads, queries, keys), contiguous; (seed, offset) read from `state` on the device.
+void dropout_mask_cuda(const DropoutRng& rng, const at::Tensor& state, const DropoutShard& shard,
+                       const at::Tensor& out);
+// A fresh (seed, offset) on the device from its PyTorch generator, advanced past `counters` Philox
+// counters; read on the device, so that it is right under CUDA graph capture too.
+at::Tensor draw_dropout_state_cuda(const at::Device& device, uint64_t counters);
+
+}  // namespace rudnn::cuda
+#endif

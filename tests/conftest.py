@@ -35,7 +35,8 @@ def _seed():
 def _poison_outputs():
     """Fill every uninitialised tensor (the ops' outputs included) with NaN, so that an element a
     kernel fails to write shows up as a NaN the reference does not have."""
-    torch.use_deterministic_algorithms(True)
+    # warn_only: PyTorch's own backends, used as yardsticks on CUDA, have nondeterministic backwards.
+    torch.use_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = True
     yield
     torch.use_deterministic_algorithms(False)

@@ -80,6 +80,6 @@ def test_backward_checks_its_inputs():
     with pytest.raises(RuntimeError, match="mask_grad needs a floating-point attn_mask"):
         torch.ops.rudnn.attention_backward(out, None, q, k, v, None, out, lse, 0.0, False, None, False, None, state,
                                            [-1, 0, -1, 0, -1, 0], True)
-    with pytest.raises(ValueError, match="dropout state must be a CPU int64 tensor holding"):
+    with pytest.raises(ValueError, match=r"dropout state must be an int64 tensor holding \(seed, offset\) on cpu"):
         torch.ops.rudnn.attention_backward(out, None, q, k, v, None, out, lse, 0.5, False, None, False, None, state,
                                            [-1, 0, -1, 0, -1, 0], False)

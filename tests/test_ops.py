@@ -15,7 +15,7 @@ def _inputs(device, dtype=torch.float32, hk=4, requires_grad=True):
 
 
 def _state(device, seed=3, offset=1):
-    return torch.tensor([seed, offset], dtype=torch.int64)
+    return torch.tensor([seed, offset], dtype=torch.int64, device=device)
 
 
 FORWARD_CASES = {

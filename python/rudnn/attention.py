@@ -65,7 +65,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
       numerics: "exact" (float32 between score and output) or "flash" (FlashAttention's rounding
         points); None picks "flash" for float16/bfloat16 and "exact" otherwise.
     """
-    state = _dropout_state(dropout_seed, dropout_offset, "cpu") if dropout_p > 0 else None
+    state = _dropout_state(dropout_seed, dropout_offset, query.device) if dropout_p > 0 else None
     shard = (dropout_shard if dropout_shard is not None else DropoutShard()).as_list()
     out, lse, _ = torch.ops.rudnn.attention_forward(query, key, value, attn_mask, float(dropout_p), bool(is_causal),
                                                     scale, bool(enable_gqa), numerics, state, shard)

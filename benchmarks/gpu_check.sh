@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# What the developers run on the GPU machine after every change to CUDA code: build for the GPU,
+# then the named steps.   bash benchmarks/gpu_check.sh [tests] [sanitize] [bench] [long]
+#   tests     the whole test suite's CUDA half (every device-parametrised test, and tests/test_cuda.py)
+#   sanitize  compute-sanitizer memcheck and racecheck on a small grid of shapes
+#   bench     benchmarks/bench_attention.py on the GPU, JSON into $OUT
+#   long      L = S = 65536, E = 64, bf16, causal, forward and backward: time and peak memory
+set -uo pipefail
+OUT=${OUT:-/tmp/rudnn-gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+start=$(date +%s)
+if ! python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1; then
+  tail -n 60 "$OUT/build.log"
+  exit 1
+fi
+echo "build: $(($(date +%s) - start)) s"
+status=0
+for step in "$@"; do
+  start=$(date +%s)
+  case "$step" in
+    tests)
+      python3 -m pytest tests -q -x -k "cuda" -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -n 40
+      status=$((status | PIPESTATUS[0])) ;;
+    sanitize)
+      for tool in memcheck racecheck; do
+        compute-sanitizer --tool "$tool" --error-exitcode 9 python3 benchmarks/sanitize_grid.py >"$OUT/$tool.log" 2>&1
+        code=$?
+        echo "compute-sanitizer $tool: exit $code"
+        tail -n 5 "$OUT/$tool.log"
+        status=$((status | code))
+      done ;;
+    bench)
+      python3 benchmarks/bench_attention.py --device cuda --json "$OUT/bench.json" 2>/dev/null | tee "$OUT/bench.md" ;;
+    long)
+      python3 benchmarks/long_rows.py 2>&1 | tee "$OUT/long.log" ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+  echo "$step: $(($(date +%s) - start)) s"
+done
+exit $status

@@ -1,0 +1,24 @@
+"""A small grid of shapes for compute-sanitizer: odd sizes, masks, dropout, GQA, every dtype."""
+import torch
+
+import rudnn
+
+torch.manual_seed(0)
+for dtype in (torch.float16, torch.float32, torch.float64):
+    for L, S, E, Ev, hq, hk in ((1, 1, 8, 8, 1, 1), (17, 33, 40, 24, 4, 2), (70, 45, 130, 136, 2, 1)):
+        for variant in ("plain", "causal", "bool mask", "float mask", "dropout"):
+            q = torch.randn(2, hq, L, E, device="cuda", dtype=dtype, requires_grad=True)
+            k = torch.randn(2, hk, S, E, device="cuda", dtype=dtype, requires_grad=True)
+            v = torch.randn(2, hk, S, Ev, device="cuda", dtype=dtype, requires_grad=True)
+            mask = None
+            if variant == "bool mask":
+                mask = torch.rand(L, S, device="cuda") > 0.3
+            elif variant == "float mask":
+                mask = torch.randn(hq, 1, S, device="cuda", dtype=dtype, requires_grad=True)
+            out = rudnn.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=variant == "causal",
+                                                     dropout_p=0.3 if variant == "dropout" else 0.0,
+                                                     enable_gqa=hq != hk)
+            out.backward(torch.randn_like(out))
+    mask = rudnn.dropout_mask(2, 3, 5, 7, 0.5, 1, 2, dtype=dtype, device="cuda")
+torch.cuda.synchronize()
+print("sanitize grid done")
