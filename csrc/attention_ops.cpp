@@ -50,7 +50,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
   AttentionProblem pb =
       make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, numerics, shard);
   AttentionParams& p = pb.params;
-  at::Tensor state = at::empty({0}, at::kLong);
+  at::Tensor state = at::empty({0}, query.options().dtype(at::kLong));
   if (p.has_dropout) {
     state = dropout_state.has_value() ? dropout_state->clone()
                                       : draw_dropout_state(query.device(), dropout_counters(p));

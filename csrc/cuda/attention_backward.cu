@@ -391,9 +391,10 @@ void attention_backward_cuda(const AttentionProblem& pb, const at::Tensor& grad_
   at::Tensor lse_unit = lse.to(acc) * (flash ? 1.4426950408889634 : 1.0);
   lse_unit.masked_fill_(lse_unit == -INFINITY, INFINITY);
   lse_unit = lse_unit.contiguous();
-  // D_i from rowsum(dO ∘ O) where O is not rounded below the compute type or flash numerics ask for
-  // the rounded output; otherwise the dQ kernel sweeps the keys once more to form it in float32.
-  const bool from_output = flash || pb.q.scalar_type() == acc;
+  // Flash numerics take D_i = rowsum(dO ∘ O) from the rounded output, as FlashAttention does.
+  // Exact numerics form D_i = sum_j P_ij dP_ij in the dQ kernel's first sweep over the keys, from
+  // the same dP as dS then uses: rows whose dS must cancel (one key, say) cancel exactly.
+  const bool from_output = flash;
   at::Tensor delta, grad_lse_rows;
   if (from_output) {
     delta = (grad_out.to(acc) * out.to(acc)).sum(-1);
