@@ -5,6 +5,7 @@
 #   sanitize  compute-sanitizer memcheck and racecheck on a small grid of shapes
 #   bench     benchmarks/bench_attention.py on the GPU, JSON into $OUT
 #   long      L = S = 65536, E = 64, bf16, causal, forward and backward: time and peak memory
+#   profile   per-kernel GPU time of forward and backward
 set -uo pipefail
 OUT=${OUT:-/tmp/rudnn-gpu}
 mkdir -p "$OUT"
@@ -36,6 +37,8 @@ for step in "$@"; do
       python3 benchmarks/bench_attention.py --device cuda --json "$OUT/bench.json" 2>/dev/null | tee "$OUT/bench.md" ;;
     long)
       python3 benchmarks/long_rows.py 2>&1 | tee "$OUT/long.log" ;;
+    profile)
+      python3 benchmarks/profile_kernels.py 2>&1 | tee "$OUT/profile.log" | grep -v "^-" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   echo "$step: $(($(date +%s) - start)) s"

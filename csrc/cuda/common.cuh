@@ -84,19 +84,54 @@ __device__ __forceinline__ const scalar_t* at_row(const void* base, const Stride
   return static_cast<const scalar_t*>(base) + b * s.batch + h * s.head + row * s.row;
 }
 
-// Rows [row0, row0 + kTile) of head (b, h) of a (B, H, rows, cols) tensor into shared memory
-// (kTile x ld, in the compute type, times `factor`); rows past `rows` and columns past `cols`
-// are zero, so that padded lanes add nothing.
+// Four consecutive elements of a row in global memory, as one 8-, 16- or 32-byte load.
+template <typename scalar_t, typename acc_t>
+__device__ __forceinline__ void load4_global(const scalar_t* src, acc_t (&x)[4]) {
+  if constexpr (sizeof(scalar_t) == 2) {
+    const uint2 v = *reinterpret_cast<const uint2*>(src);
+    const scalar_t* e = reinterpret_cast<const scalar_t*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x[i] = static_cast<acc_t>(e[i]);
+  } else if constexpr (sizeof(scalar_t) == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(src);
+    x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+  } else {
+    const double2 lo = reinterpret_cast<const double2*>(src)[0], hi = reinterpret_cast<const double2*>(src)[1];
+    x[0] = lo.x, x[1] = lo.y, x[2] = hi.x, x[3] = hi.y;
+  }
+}
+
+// Rows [row0, row0 + tile_rows) of head (b, h) of a (B, H, rows, cols) tensor into shared memory
+// (tile_rows x ld, in the compute type, times `factor`). A warp per row, four columns per lane,
+// one vector load each where the row is contiguous and aligned. Rows past `rows` and columns past
+// `cols` are zero, so that padding adds nothing.
 template <typename scalar_t, typename acc_t>
 __device__ void load_tile(acc_t* tile, int ld, const void* base, const Strides4& s, int64_t b, int64_t h,
                           int64_t row0, int64_t rows, int cols, int tile_rows, acc_t factor = acc_t(1)) {
-  for (int idx = threadIdx.x; idx < tile_rows * ld; idx += blockDim.x) {
-    const int r = idx / ld, d = idx % ld;
-    acc_t x = 0;
-    if (row0 + r < rows && d < cols) {
-      x = static_cast<acc_t>(at_row<scalar_t>(base, s, b, h, row0 + r)[d * s.col]) * factor;
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  for (int r = warp; r < tile_rows; r += kWarps) {
+    const bool valid = row0 + r < rows;
+    const scalar_t* src = valid ? at_row<scalar_t>(base, s, b, h, row0 + r) : nullptr;
+    for (int d = lane * 4; d < ld; d += kWarpSize * 4) {
+      acc_t x[4] = {0, 0, 0, 0};
+      if (valid) {
+        const bool vector = s.col == 1 && d + 4 <= cols &&
+                            reinterpret_cast<uintptr_t>(src + d) % (4 * sizeof(scalar_t)) == 0;
+        if (vector) {
+          load4_global<scalar_t>(src + d, x);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if (d + e < cols) x[e] = static_cast<acc_t>(src[(d + e) * s.col]);
+          }
+        }
+      }
+      acc_t* dst = tile + r * ld + d;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (d + e < ld) dst[e] = x[e] * factor;  // float64 lane rows are 2 mod 4 elements long
+      }
     }
-    tile[idx] = x;
   }
 }
 

@@ -233,8 +233,9 @@ def run(cases, device, backward_modes=(False, True), repeats=10, progress=True):
     for case in cases:
         for backward in backward_modes:
             for name, fn in impls.items():
-                if name == "torch math" and case.length * (case.keys or case.length) * case.batch * case.heads > 2**28:
-                    # math materialises the L x S scores per head: beyond this size it only measures swapping
+                scores = case.length * (case.keys or case.length) * case.batch * case.heads
+                if name == "torch math" and scores > (2**32 if torch.device(device).type == "cuda" else 2**28):
+                    # math materialises the L x S scores of every head: past this it measures swapping
                     results.append(Result(case.name, name, "fwd+bwd" if backward else "fwd", math.nan, math.nan,
                                           math.nan, "skipped: L x S scores too large"))
                 else:
