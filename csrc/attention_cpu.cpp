@@ -42,6 +42,11 @@ struct Span {
   int64_t start, size;
 };
 
+// Rows s of head (b, h) of a (B, H, L, ...) tensor.
+at::Tensor head_rows(const at::Tensor& t, int64_t b, int64_t h, Span s) {
+  return t.select(0, b).select(0, h).narrow(0, s.start, s.size);
+}
+
 // Probabilities of a tile and dP_ij = m_ij * dO_i.v_j (m: dropout multipliers, undefined without).
 struct TileProbs {
   at::Tensor p, dp, keep;
@@ -72,7 +77,7 @@ class Tiles {
 
   // Rows of head h of a canonical (B, H, rows, D) tensor, in the compute dtype.
   at::Tensor rows(const at::Tensor& t, int64_t b, int64_t h, Span s) const {
-    return t.select(0, b).select(0, h).narrow(0, s.start, s.size).to(acc_);
+    return head_rows(t, b, h, s).to(acc_);
   }
 
   // A whole tile that causality excludes. It is skipped unless V holds a non-finite value, which
@@ -155,6 +160,17 @@ class Tiles {
   at::Tensor v_finite_;  // (B, Hkv): every value of V is finite
 };
 
+// Runs fn(b, h, query tile) for every query tile of every head, spread over threads.
+template <typename F>
+void for_each_query_tile(const AttentionParams& p, const Tiles& t, const F& fn) {
+  at::parallel_for(0, p.batch * p.heads * t.query_tiles(), 1, [&](int64_t begin, int64_t end) {
+    at::NoGradGuard no_grad;  // grad mode is thread-local: set it in every worker
+    for (int64_t task = begin; task < end; ++task) {
+      fn(task / (p.heads * t.query_tiles()), task / t.query_tiles() % p.heads, t.query_tile(task % t.query_tiles()));
+    }
+  });
+}
+
 // lse * unit, +inf where lse is -inf (rows with no keys), so that base^(s - lse) is 0 there.
 at::Tensor lse_in_unit(const at::Tensor& lse, const Tiles& t) {
   at::Tensor scaled = lse.to(t.acc()) * t.unit();
@@ -167,47 +183,41 @@ void attention_forward_cpu(const AttentionProblem& pb, const at::Tensor& out, co
   const AttentionParams& p = pb.params;
   if (p.batch * p.heads * p.queries == 0) return;
   const Tiles t(pb);
-  const int64_t tiles = p.batch * p.heads * t.query_tiles();
-  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-    at::NoGradGuard no_grad;
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / (p.heads * t.query_tiles()), h = task / t.query_tiles() % p.heads;
-      const int64_t hk = h / p.group();
-      const Span qs = t.query_tile(task % t.query_tiles());
-      const at::Tensor q = t.rows(pb.q, b, h, qs) * (p.scale * t.unit());
-      const auto rows = at::TensorOptions().dtype(t.acc());
-      at::Tensor m = at::full({qs.size}, -kInf, rows);  // running maximum
-      at::Tensor l = at::zeros({qs.size}, rows);        // running denominator
-      at::Tensor acc = at::zeros({qs.size, p.value_dim}, rows);
-      for (int64_t kt = 0; kt < t.key_tiles(); ++kt) {
-        const Span ks = t.key_tile(kt);
-        if (t.skip(b, hk, qs, ks)) break;  // so is every later tile
-        // m' = max(m, max_j s_ij);  l' = l * base^(m - m') + sum_j P_ij;  acc' = acc * base^(m - m') + (P∘M) V
-        at::Tensor s = t.scores(q, t.rows(pb.k, b, hk, ks), b, h, qs, ks);
-        at::Tensor m_next = at::maximum(m, s.amax(1));
-        at::Tensor m_safe = m_next.masked_fill(m_next == -kInf, 0.0);  // no key yet: keep P finite
-        at::Tensor rescale = m - m_safe;
-        t.exp_(rescale);
-        s.sub_(m_safe.unsqueeze(1));
-        at::Tensor prob = t.exp_(s);
-        l.mul_(rescale).add_(prob.sum(1));
-        prob = t.round(prob);
-        if (p.has_dropout) prob.mul_(t.keep(b, h, qs, ks));
-        // Zero weights still multiply V, so NaN/inf in V reach the row as in PyTorch's math path.
-        acc.mul_(rescale.unsqueeze(1)).addmm_(prob, t.rows(pb.v, b, hk, ks));
-        m = m_next;
-      }
-      // o_i = acc_i / l_i (a row with no keys keeps acc: zeros, or NaN from V);  lse_i = m_i + log l_i
-      const at::Tensor denominator = l.where(l > 0, 1.0).unsqueeze(1);
-      if (t.flash()) {
-        acc.mul_(denominator.reciprocal());
-      } else {
-        acc.div_(denominator);
-      }
-      out.select(0, b).select(0, h).narrow(0, qs.start, qs.size).copy_(acc);
-      const at::Tensor m_safe = m.masked_fill(m == -kInf, 0.0);
-      lse.select(0, b).select(0, h).narrow(0, qs.start, qs.size).copy_(m_safe / t.unit() + l.log());
+  for_each_query_tile(p, t, [&](int64_t b, int64_t h, Span qs) {
+    const int64_t hk = h / p.group();
+    const at::Tensor q = t.rows(pb.q, b, h, qs) * (p.scale * t.unit());
+    const auto rows = at::TensorOptions().dtype(t.acc());
+    at::Tensor m = at::full({qs.size}, -kInf, rows);  // running maximum
+    at::Tensor l = at::zeros({qs.size}, rows);        // running denominator
+    at::Tensor acc = at::zeros({qs.size, p.value_dim}, rows);
+    for (int64_t kt = 0; kt < t.key_tiles(); ++kt) {
+      const Span ks = t.key_tile(kt);
+      if (t.skip(b, hk, qs, ks)) break;  // so is every later tile
+      // m' = max(m, max_j s_ij);  l' = l * base^(m - m') + sum_j P_ij;  acc' = acc * base^(m - m') + (P∘M) V
+      at::Tensor s = t.scores(q, t.rows(pb.k, b, hk, ks), b, h, qs, ks);
+      at::Tensor m_next = at::maximum(m, s.amax(1));
+      at::Tensor m_safe = m_next.masked_fill(m_next == -kInf, 0.0);  // no key yet: keep P finite
+      at::Tensor rescale = m - m_safe;
+      t.exp_(rescale);
+      s.sub_(m_safe.unsqueeze(1));
+      at::Tensor prob = t.exp_(s);
+      l.mul_(rescale).add_(prob.sum(1));
+      prob = t.round(prob);
+      if (p.has_dropout) prob.mul_(t.keep(b, h, qs, ks));
+      // Zero weights still multiply V, so NaN/inf in V reach the row as in PyTorch's math path.
+      acc.mul_(rescale.unsqueeze(1)).addmm_(prob, t.rows(pb.v, b, hk, ks));
+      m = m_next;
     }
+    // o_i = acc_i / l_i (a row with no keys keeps acc: zeros, or NaN from V);  lse_i = m_i + log l_i
+    const at::Tensor denominator = l.where(l > 0, 1.0).unsqueeze(1);
+    if (t.flash()) {
+      acc.mul_(denominator.reciprocal());
+    } else {
+      acc.div_(denominator);
+    }
+    head_rows(out, b, h, qs).copy_(acc);
+    const at::Tensor m_safe = m.masked_fill(m == -kInf, 0.0);
+    head_rows(lse, b, h, qs).copy_(m_safe / t.unit() + l.log());
   });
 }
 
@@ -229,24 +239,19 @@ void attention_backward_cpu(const AttentionProblem& pb, const at::Tensor& grad_o
     delta = (grad_out.to(t.acc()) * out.to(t.acc())).sum(-1);
   } else {
     delta = at::empty({p.batch, p.heads, p.queries}, at::TensorOptions().dtype(t.acc()));
-    at::parallel_for(0, p.batch * p.heads * t.query_tiles(), 1, [&](int64_t begin, int64_t end) {
-      at::NoGradGuard no_grad_worker;
-      for (int64_t task = begin; task < end; ++task) {
-        const int64_t b = task / (p.heads * t.query_tiles()), h = task / t.query_tiles() % p.heads;
-        const int64_t hk = h / p.group();
-        const Span qs = t.query_tile(task % t.query_tiles());
-        const at::Tensor q = t.rows(pb.q, b, h, qs) * (p.scale * t.unit());
-        const at::Tensor dout = t.rows(grad_out, b, h, qs);
-        const at::Tensor lse_rows = lse_unit.select(0, b).select(0, h).narrow(0, qs.start, qs.size);
-        at::Tensor d = at::zeros({qs.size}, at::TensorOptions().dtype(t.acc()));
-        for (int64_t kt = 0; kt < t.key_tiles(); ++kt) {
-          const Span ks = t.key_tile(kt);
-          if (t.skip(b, hk, qs, ks)) break;
-          const TileProbs g = t.probs(q, dout, t.rows(pb.k, b, hk, ks), t.rows(pb.v, b, hk, ks), lse_rows, b, h, qs, ks);
-          d.add_((g.p * g.dp).sum(1));
-        }
-        delta.select(0, b).select(0, h).narrow(0, qs.start, qs.size).copy_(d);
+    for_each_query_tile(p, t, [&](int64_t b, int64_t h, Span qs) {
+      const int64_t hk = h / p.group();
+      const at::Tensor q = t.rows(pb.q, b, h, qs) * (p.scale * t.unit());
+      const at::Tensor dout = t.rows(grad_out, b, h, qs);
+      const at::Tensor lse_rows = head_rows(lse_unit, b, h, qs);
+      at::Tensor d = at::zeros({qs.size}, at::TensorOptions().dtype(t.acc()));
+      for (int64_t kt = 0; kt < t.key_tiles(); ++kt) {
+        const Span ks = t.key_tile(kt);
+        if (t.skip(b, hk, qs, ks)) break;
+        const TileProbs g = t.probs(q, dout, t.rows(pb.k, b, hk, ks), t.rows(pb.v, b, hk, ks), lse_rows, b, h, qs, ks);
+        d.add_((g.p * g.dp).sum(1));
       }
+      head_rows(delta, b, h, qs).copy_(d);
     });
   }
   // A gradient of the LSE adds P_ij * dLSE_i to dS_ij: fold it into D.
@@ -269,8 +274,8 @@ void attention_backward_cpu(const AttentionProblem& pb, const at::Tensor& grad_o
           const at::Tensor q = t.rows(pb.q, b, h, qs);
           const at::Tensor q_scaled = q * (p.scale * t.unit());
           const at::Tensor dout = t.rows(grad_out, b, h, qs);
-          const at::Tensor lse_rows = lse_unit.select(0, b).select(0, h).narrow(0, qs.start, qs.size);
-          const at::Tensor d_rows = delta.select(0, b).select(0, h).narrow(0, qs.start, qs.size).unsqueeze(1);
+          const at::Tensor lse_rows = head_rows(lse_unit, b, h, qs);
+          const at::Tensor d_rows = head_rows(delta, b, h, qs).unsqueeze(1);
           at::Tensor dq_rows = at::zeros({qs.size, p.head_dim}, opts);
           for (int64_t kt = 0; kt < t.key_tiles(); ++kt) {
             const Span ks = t.key_tile(kt);
@@ -285,7 +290,7 @@ void attention_backward_cpu(const AttentionProblem& pb, const at::Tensor& grad_o
             if (g.keep.defined()) pm.mul_(g.keep);
             dv_head.narrow(0, ks.start, ks.size).addmm_(pm.t(), dout);
           }
-          dq.select(0, b).select(0, h).narrow(0, qs.start, qs.size).copy_(dq_rows.mul_(p.scale));
+          head_rows(dq, b, h, qs).copy_(dq_rows.mul_(p.scale));
         }
         if (round_per_head) {  // FlashAttention rounds each query head's dK/dV before the group sum
           dk_sum.add_(t.round(dk_head.mul_(p.scale)));
@@ -322,8 +327,8 @@ void attention_backward_cpu(const AttentionProblem& pb, const at::Tensor& grad_o
             const Span qs = t.query_tile(qt);
             const at::Tensor q = t.rows(pb.q, b, h, qs) * (p.scale * t.unit());
             const at::Tensor dout = t.rows(grad_out, b, h, qs);
-            const at::Tensor lse_rows = lse_unit.select(0, b).select(0, h).narrow(0, qs.start, qs.size);
-            const at::Tensor d_rows = delta.select(0, b).select(0, h).narrow(0, qs.start, qs.size).unsqueeze(1);
+            const at::Tensor lse_rows = head_rows(lse_unit, b, h, qs);
+            const at::Tensor d_rows = head_rows(delta, b, h, qs).unsqueeze(1);
             for (int64_t kt = 0; kt < t.key_tiles(); ++kt) {
               const Span ks = t.key_tile(kt);
               TileProbs g = t.probs(q, dout, t.rows(pb.k, b, hk, ks), t.rows(pb.v, b, hk, ks), lse_rows, b, h, qs, ks);

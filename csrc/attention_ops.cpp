@@ -46,7 +46,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal, std::optional<double> scale,
     bool enable_gqa, std::optional<c10::string_view> numerics, const std::optional<at::Tensor>& dropout_state,
-    at::IntArrayRef shard) {
+    at::IntArrayRef shard, bool /*deterministic: carried to the backward*/) {
   AttentionProblem pb =
       make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, numerics, shard);
   AttentionParams& p = pb.params;
@@ -74,7 +74,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& attn_mask, const at::Tensor& out,
     const at::Tensor& lse, double dropout_p, bool is_causal, std::optional<double> scale, bool enable_gqa,
     std::optional<c10::string_view> numerics, const at::Tensor& dropout_state, at::IntArrayRef shard,
-    bool mask_grad) {
+    bool mask_grad, bool deterministic) {
   AttentionProblem pb =
       make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, numerics, shard);
   AttentionParams& p = pb.params;
@@ -97,10 +97,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
 #ifdef RUDNN_WITH_CUDA
   if (query.is_cuda()) {
     cuda::attention_backward_cuda(pb, grad_out.reshape(values), out.reshape(values), lse.reshape(rows), grad_lse_rows,
-                                  dq, dk, dv, dmask);
+                                  dq, dk, dv, dmask, deterministic);
   } else
 #endif
-  {
+  {  // the CPU backward is deterministic whatever `deterministic` says
     attention_backward_cpu(pb, grad_out.reshape(values), out.reshape(values), lse.reshape(rows), grad_lse_rows, dq,
                            dk, dv, dmask);
   }
@@ -137,13 +137,14 @@ at::Tensor dropout_mask(const at::Tensor& dropout_state, at::IntArrayRef size, d
 TORCH_LIBRARY(rudnn, m) {
   m.def(
       "attention_forward(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, float dropout_p, "
-      "bool is_causal, float? scale, bool enable_gqa, str? numerics, Tensor? dropout_state, int[] shard) "
+      "bool is_causal, float? scale, bool enable_gqa, str? numerics, Tensor? dropout_state, int[] shard, "
+      "bool deterministic=True) "
       "-> (Tensor out, Tensor lse, Tensor dropout_state)",
       {at::Tag::nondeterministic_seeded});
   m.def(
       "attention_backward(Tensor grad_out, Tensor? grad_lse, Tensor query, Tensor key, Tensor value, "
       "Tensor? attn_mask, Tensor out, Tensor lse, float dropout_p, bool is_causal, float? scale, "
-      "bool enable_gqa, str? numerics, Tensor dropout_state, int[] shard, bool mask_grad) "
+      "bool enable_gqa, str? numerics, Tensor dropout_state, int[] shard, bool mask_grad, bool deterministic=True) "
       "-> (Tensor grad_query, Tensor grad_key, Tensor grad_value, Tensor grad_attn_mask)");
   m.def("dropout_mask(Tensor dropout_state, int[] size, float p, int[] shard, ScalarType dtype) -> Tensor");
 }

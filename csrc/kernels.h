@@ -31,7 +31,7 @@ namespace rudnn::cuda {
 void attention_forward_cuda(const AttentionProblem& pb, const at::Tensor& out, const at::Tensor& lse);
 void attention_backward_cuda(const AttentionProblem& pb, const at::Tensor& grad_out, const at::Tensor& out,
                              const at::Tensor& lse, const std::optional<at::Tensor>& grad_lse, const at::Tensor& dq,
-                             const at::Tensor& dk, const at::Tensor& dv, const at::Tensor& dmask);
+                             const at::Tensor& dk, const at::Tensor& dv, const at::Tensor& dmask, bool deterministic);
 // out: (batch, heads, queries, keys), contiguous; (seed, offset) read from `state` on the device.
 void dropout_mask_cuda(const DropoutRng& rng, const at::Tensor& state, const DropoutShard& shard,
                        const at::Tensor& out);

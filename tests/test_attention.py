@@ -214,3 +214,10 @@ def test_deterministic_backward(device):
         runs.append(torch.autograd.grad(out, (q, k2, v2, mask), grad))
     for run in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(runs[0], run))
+
+
+def test_cpu_ignores_nondeterministic_request():
+    q, k, v = (torch.randn(1, 2, 9, 8, requires_grad=True) for _ in range(3))
+    grads = [torch.autograd.grad(rudnn.scaled_dot_product_attention(q, k, v, deterministic=d).sum(), (q, k, v))
+             for d in (True, False)]
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

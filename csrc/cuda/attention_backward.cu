@@ -29,13 +29,35 @@ __device__ __forceinline__ acc_t unit_of(const AttentionParams& p) {
   return p.numerics == Numerics::kFlash ? acc_t(1.4426950408889634) : acc_t(1);
 }
 
+// Loads keys [j0, j0 + kTile) of head (b, hk) into sK and sV, then gives, for this warp's rows
+// of sQ (times unit * scale) and sDO and for this lane's key, s = q.k and dp = dO.v.
+template <typename scalar_t, int kRows, typename acc_t>
+__device__ __forceinline__ void key_tile_products(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0,
+                                                  const acc_t* sQ, int ldq, const acc_t* sDO, int lddo, acc_t* sK,
+                                                  int ldk, acc_t* sV, int ldv, acc_t (&s)[kRows],
+                                                  acc_t (&dp)[kRows]) {
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  __syncthreads();  // the previous tile is consumed
+  load_tile<scalar_t>(sK, ldk, p.k, p.k_strides, b, hk, j0, p.keys, static_cast<int>(p.head_dim), kTile);
+  load_tile<scalar_t>(sV, ldv, p.v, p.v_strides, b, hk, j0, p.keys, static_cast<int>(p.value_dim), kTile);
+  __syncthreads();
+  dot_rows<kRows>(sQ + warp * kRows * ldq, ldq, sK + lane * ldk, ldq, s);
+  dot_rows<kRows>(sDO + warp * kRows * lddo, lddo, sV + lane * ldv, lddo, dp);
+}
+
 // Query-owned: 32 rows of head (b, h) (16 in float64), a warp a quarter of them, lanes over keys.
 //   D_i = sum_j P_ij dP_ij  (when not given: a first sweep over the keys, in the compute type)
 //   dS_ij = P_ij (dP_ij - D_i);  dQ_i = scale * sum_j dS_ij K_j
+//
+// The generic backward (deterministic=False) is this kernel with dk_sum/dv_sum given: each warp
+// then adds its rows' contributions to dK_j and dV_j with float atomics, and no dK/dV kernel runs
+// (nor, in flash numerics, the per-head rounding of GQA's dK/dV).
+//   dk_sum_j += sum_i dS_ij (unit * scale * Q_i);  dv_sum_j += sum_i (P∘M)_ij dO_i
 template <typename scalar_t, typename B>
 __global__ void __launch_bounds__(kThreads)
     attention_dq_kernel(const AttentionParams p, BackwardArgs<typename Compute<scalar_t>::type> a,
-                        bool compute_delta, scalar_t* __restrict__ dq) {
+                        bool compute_delta, scalar_t* __restrict__ dq, typename Compute<scalar_t>::type* dk_sum,
+                        typename Compute<scalar_t>::type* dv_sum) {
   using acc_t = typename Compute<scalar_t>::type;
   constexpr int kRows = rows_per_warp<acc_t>();
   constexpr int kTileRows = kWarps * kRows;
@@ -53,7 +75,8 @@ __global__ void __launch_bounds__(kThreads)
   acc_t* sDO = sQ + kTileRows * ldq;             // kTileRows x lddo
   acc_t* sK = sDO + kTileRows * lddo;            // kTile x ldk: lane rows, and lane chunks for dQ
   acc_t* sV = sK + kTile * ldk;                  // kTile x ldv
-  acc_t* sW = sV + kTile * ldv + warp * kTile * kRows;  // this warp's dS, kTile x kRows
+  acc_t* sW = sV + kTile * ldv + warp * 2 * kTile * kRows;  // this warp's dS, kTile x kRows
+  acc_t* sPM = sW + kTile * kRows;                           // and its P∘M (generic backward)
 
   load_tile<scalar_t>(sQ, ldq, p.q, p.q_strides, b, h, i0, p.queries, E, kTileRows,
                       static_cast<acc_t>(p.scale) * unit);
@@ -78,14 +101,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int pass = compute_delta ? 0 : 1; pass < 2; ++pass) {
     for (int64_t j0 = 0; j0 < p.keys; j0 += kTile) {
       if (can_skip && j0 - last_row > diagonal) break;
-      __syncthreads();
-      load_tile<scalar_t>(sK, ldk, p.k, p.k_strides, b, hk, j0, p.keys, E, kTile);
-      load_tile<scalar_t>(sV, ldv, p.v, p.v_strides, b, hk, j0, p.keys, Ev, kTile);
-      __syncthreads();
       const int64_t j = j0 + lane;
       acc_t s[kRows], dp[kRows];
-      dot_rows<kRows>(sQ + warp * kRows * ldq, ldq, sK + lane * ldk, ldq, s);
-      dot_rows<kRows>(sDO + warp * kRows * lddo, lddo, sV + lane * ldv, lddo, dp);
+      key_tile_products<scalar_t>(p, b, hk, j0, sQ, ldq, sDO, lddo, sK, ldk, sV, ldv, s, dp);
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         const int64_t i = i0 + warp * kRows + r;
@@ -96,11 +114,31 @@ __global__ void __launch_bounds__(kThreads)
         } else {
           const acc_t ds = prob * (dp[r] - delta[r]);
           sW[lane * kRows + r] = flash ? round_to<scalar_t>(ds) : ds;
+          if (dk_sum != nullptr) sPM[lane * kRows + r] = (flash ? round_to<scalar_t>(prob) : prob) *
+                                                         (p.has_dropout ? dropout_multiplier<acc_t>(p, rng, b, h, i, j)
+                                                                        : acc_t(1));
         }
       }
       if (pass == 1) {
         __syncwarp();
         accumulate_rows<B, kRows>(acc, sW, sK, ldk, kTile, lane);
+        if (dk_sum != nullptr && j < p.keys) {
+          const int64_t key_row = (b * p.kv_heads + hk) * p.keys + j;
+          const acc_t* q_rows = sQ + warp * kRows * ldq;
+          const acc_t* dout_rows = sDO + warp * kRows * lddo;
+          for (int d = 0; d < E; ++d) {
+            acc_t x = 0;
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) x = fma(sW[lane * kRows + r], q_rows[r * ldq + d], x);
+            atomicAdd(dk_sum + key_row * E + d, x);
+          }
+          for (int d = 0; d < Ev; ++d) {
+            acc_t x = 0;
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) x = fma(sPM[lane * kRows + r], dout_rows[r * lddo + d], x);
+            atomicAdd(dv_sum + key_row * Ev + d, x);
+          }
+        }
       }
     }
     if (pass == 0) {
@@ -233,11 +271,11 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < B::kVec; ++e, ++x) {
         const int d = c * kWarpSize * B::kVec + lane * B::kVec + e;
         if (j >= p.keys) continue;
-        const int64_t at = (b * p.kv_heads + hk) * p.keys + j;
+        const int64_t key_row = (b * p.kv_heads + hk) * p.keys + j;
         const acc_t gk = round_per_head ? sSum[x] : acc_k[r][c][e] * static_cast<acc_t>(p.scale);
         const acc_t gv = round_per_head ? sSum[kSlots + x] : acc_v[r][c][e];
-        if (d < E) dk[at * E + d] = static_cast<scalar_t>(gk);
-        if (d < Ev) dv[at * Ev + d] = static_cast<scalar_t>(gv);
+        if (d < E) dk[key_row * E + d] = static_cast<scalar_t>(gk);
+        if (d < Ev) dv[key_row * Ev + d] = static_cast<scalar_t>(gv);
       }
   }
 }
@@ -282,14 +320,9 @@ __global__ void __launch_bounds__(kThreads)
                             static_cast<acc_t>(p.scale) * unit);
         load_tile<scalar_t>(sDO, lddo, a.dout, a.dout_strides, b, h, i0, p.queries, Ev, kTileRows);
         for (int64_t j0 = all_keys ? 0 : own_j0; j0 < (all_keys ? p.keys : own_j0 + 1); j0 += kTile) {
-          __syncthreads();
-          load_tile<scalar_t>(sK, ldk, p.k, p.k_strides, b, hk, j0, p.keys, E, kTile);
-          load_tile<scalar_t>(sV, ldv, p.v, p.v_strides, b, hk, j0, p.keys, Ev, kTile);
-          __syncthreads();
           const int64_t j = j0 + lane;
           acc_t s[kRows], dp[kRows];
-          dot_rows<kRows>(sQ + warp * kRows * ldq, ldq, sK + lane * ldk, ldq, s);
-          dot_rows<kRows>(sDO + warp * kRows * lddo, lddo, sV + lane * ldv, lddo, dp);
+          key_tile_products<scalar_t>(p, b, hk, j0, sQ, ldq, sDO, lddo, sK, ldk, sV, ldv, s, dp);
 #pragma unroll
           for (int r = 0; r < kRows; ++r) {
             const int64_t i = i0 + warp * kRows + r;
@@ -340,16 +373,27 @@ Strides4 strides4(const at::Tensor& t) { return Strides4{t.stride(0), t.stride(1
 
 template <typename scalar_t, typename B>
 void launch_backward(const AttentionProblem& pb, BackwardArgs<typename Compute<scalar_t>::type> a, bool compute_delta,
-                     const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv, const at::Tensor& dmask) {
+                     const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv, const at::Tensor& dmask,
+                     bool deterministic) {
   using acc_t = typename Compute<scalar_t>::type;
   const AttentionParams& p = pb.params;
   constexpr int kRows = rows_per_warp<acc_t>(), kTileRows = kWarps * kRows;
   const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
   const size_t dq_smem = sizeof(acc_t) * (kTileRows * (padded_cols(E) + padded_cols(Ev)) +
                                           kTile * (lane_row_stride<acc_t>(B::kWidth) + lane_row_stride<acc_t>(Ev)) +
-                                          kWarps * kTile * kRows);
-  launch(attention_dq_kernel<scalar_t, B>, tile_grid(p.queries, kTileRows, p.heads, p.batch), dq_smem, p, a,
-         compute_delta, dq.data_ptr<scalar_t>());
+                                          kWarps * 2 * kTile * kRows);
+  const dim3 dq_grid = tile_grid(p.queries, kTileRows, p.heads, p.batch);
+  if (!deterministic) {
+    const at::Tensor dk_sum = at::zeros(dk.sizes(), dk.options().dtype(c10::CppTypeToScalarType<acc_t>::value));
+    const at::Tensor dv_sum = at::zeros(dv.sizes(), dv.options().dtype(c10::CppTypeToScalarType<acc_t>::value));
+    launch(attention_dq_kernel<scalar_t, B>, dq_grid, dq_smem, p, a, compute_delta, dq.data_ptr<scalar_t>(),
+           dk_sum.data_ptr<acc_t>(), dv_sum.data_ptr<acc_t>());
+    dk.copy_(dk_sum.div_(p.numerics == Numerics::kFlash ? 1.4426950408889634 : 1.0));  // the unit in sQ
+    dv.copy_(dv_sum);
+  } else {
+    launch(attention_dq_kernel<scalar_t, B>, dq_grid, dq_smem, p, a, compute_delta, dq.data_ptr<scalar_t>(),
+           static_cast<acc_t*>(nullptr), static_cast<acc_t*>(nullptr));
+  }
 
   // Rounding to the input dtype changes nothing for float32/float64.
   const bool round_per_head = p.numerics == Numerics::kFlash && p.group() > 1 && sizeof(scalar_t) < sizeof(acc_t);
@@ -357,8 +401,10 @@ void launch_backward(const AttentionProblem& pb, BackwardArgs<typename Compute<s
       sizeof(acc_t) * (kTileRows * (padded_cols(E) + padded_cols(Ev)) + 2 * kTile * lane_row_stride<acc_t>(B::kWidth) +
                        kWarps * 2 * kTile * kRows +
                        (round_per_head ? kThreads * 2 * kRows * B::kChunks * B::kVec : 0));
-  launch(attention_dkdv_kernel<scalar_t, B>, tile_grid(p.keys, kTileRows, p.kv_heads, p.batch), kv_smem, p, a,
-         round_per_head, dk.data_ptr<scalar_t>(), dv.data_ptr<scalar_t>());
+  if (deterministic) {
+    launch(attention_dkdv_kernel<scalar_t, B>, tile_grid(p.keys, kTileRows, p.kv_heads, p.batch), kv_smem, p, a,
+           round_per_head, dk.data_ptr<scalar_t>(), dv.data_ptr<scalar_t>());
+  }
 
   if (dmask.defined()) {
     const size_t mask_smem = sizeof(acc_t) * (kTileRows * (padded_cols(E) + padded_cols(Ev)) +
@@ -375,7 +421,8 @@ void launch_backward(const AttentionProblem& pb, BackwardArgs<typename Compute<s
 
 void attention_backward_cuda(const AttentionProblem& pb, const at::Tensor& grad_out, const at::Tensor& out,
                              const at::Tensor& lse, const std::optional<at::Tensor>& grad_lse, const at::Tensor& dq,
-                             const at::Tensor& dk, const at::Tensor& dv, const at::Tensor& dmask) {
+                             const at::Tensor& dk, const at::Tensor& dv, const at::Tensor& dmask,
+                             bool deterministic) {
   const AttentionParams& p = pb.params;
   check_cuda_problem(p);
   const c10::cuda::CUDAGuard guard(dq.device());
@@ -414,7 +461,7 @@ void attention_backward_cuda(const AttentionProblem& pb, const at::Tensor& grad_
                           grad_lse_rows.defined() ? grad_lse_rows.const_data_ptr<acc_t>() : nullptr,
                           v_finite.defined() ? v_finite.const_data_ptr<bool>() : nullptr};
     dispatch_bucket(std::max(p.head_dim, p.value_dim), [&](auto bucket) {
-      launch_backward<scalar_t, decltype(bucket)>(pb, a, !from_output, dq, dk, dv, dmask);
+      launch_backward<scalar_t, decltype(bucket)>(pb, a, !from_output, dq, dk, dv, dmask, deterministic);
     });
   });
 }

@@ -48,7 +48,7 @@ def _dropout_state(seed, offset, device):
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False, *, dropout_seed=None, dropout_offset=None, dropout_shard=None,
-                                 return_lse=False, numerics=None):
+                                 return_lse=False, numerics=None, deterministic=True):
     """Drop-in for torch.nn.functional.scaled_dot_product_attention.
 
     query (N..., Hq, L, E), key (N..., Hk, S, E), value (N..., Hk, S, Ev) -> (N..., Hq, L, Ev).
@@ -64,11 +64,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         inputs), -inf for a row with no keys; it is differentiable.
       numerics: "exact" (float32 between score and output) or "flash" (FlashAttention's rounding
         points); None picks "flash" for float16/bfloat16 and "exact" otherwise.
+      deterministic: False lets the CUDA backward accumulate dK and dV with float atomics (the
+        generic backward); the default gives bitwise-repeatable gradients. The CPU backward is
+        always deterministic.
     """
     state = _dropout_state(dropout_seed, dropout_offset, query.device) if dropout_p > 0 else None
     shard = (dropout_shard if dropout_shard is not None else DropoutShard()).as_list()
     out, lse, _ = torch.ops.rudnn.attention_forward(query, key, value, attn_mask, float(dropout_p), bool(is_causal),
-                                                    scale, bool(enable_gqa), numerics, state, shard)
+                                                    scale, bool(enable_gqa), numerics, state, shard,
+                                                    bool(deterministic))
     return (out, lse) if return_lse else out
 
 
