@@ -62,7 +62,9 @@ class Tiles {
     unit_ = flash_ ? kLog2e : 1.0;
     // A sum over each head is finite iff every value is, unless it overflows: then tiles are
     // merely not skipped. One pass, instead of the four of at::isfinite(...).all().
-    if (p_.is_causal) v_finite_ = at::isfinite(pb.v.sum({2, 3}, /*keepdim=*/false, acc_)).contiguous();
+    if (p_.is_causal) {
+      kv_finite_ = at::isfinite(pb.k.sum({2, 3}, /*keepdim=*/false, acc_) + pb.v.sum({2, 3}, false, acc_)).contiguous();
+    }
   }
 
   const Blocks& blocks() const { return blocks_; }
@@ -80,14 +82,16 @@ class Tiles {
     return head_rows(t, b, h, s).to(acc_);
   }
 
-  // A whole tile that causality excludes. It is skipped unless V holds a non-finite value, which
-  // PyTorch's math path carries into every row through the zero weights (0 * inf = NaN).
+  // A whole tile that causality excludes. It is skipped unless K or V holds a non-finite value,
+  // which PyTorch's math path carries into every row: excluded scores are s - inf (NaN for a NaN
+  // score) and zero weights still multiply V (0 * inf = NaN).
   bool skip(int64_t b, int64_t hk, Span qs, Span ks) const {
     return p_.is_causal && ks.start - (qs.start + qs.size - 1) > causal_diagonal() &&
-           v_finite_.const_data_ptr<bool>()[b * p_.kv_heads + hk];
+           kv_finite_.const_data_ptr<bool>()[b * p_.kv_heads + hk];
   }
 
-  // s_ij = unit * (scale * q_i.k_j + mask_ij), -inf where key j takes no part.
+  // s_ij = unit * (scale * q_i.k_j + mask_ij), minus inf where key j takes no part: excluded
+  // scores get -inf added, as in PyTorch's math path, so a NaN score stays NaN.
   // q_scaled: the query rows times unit * scale.
   at::Tensor scores(const at::Tensor& q_scaled, const at::Tensor& k, int64_t b, int64_t h, Span qs, Span ks) const {
     at::Tensor s = at::mm(q_scaled, k.t());
@@ -96,7 +100,7 @@ class Tiles {
       if (p_.mask_queries != 1) m = m.narrow(0, qs.start, qs.size);
       if (p_.mask_keys != 1) m = m.narrow(1, ks.start, ks.size);
       if (p_.mask_kind == MaskKind::kBool) {
-        s.masked_fill_(m.logical_not(), -kInf);
+        s.add_(at::where(m, 0.0, -kInf));
       } else {
         s.add_(m, unit_);
       }
@@ -105,7 +109,7 @@ class Tiles {
     if (p_.is_causal && (ks.start + ks.size - 1) - qs.start > causal_diagonal()) {
       at::Tensor keys = at::arange(ks.start, ks.start + ks.size, at::kLong);
       at::Tensor last = at::arange(qs.start, qs.start + qs.size, at::kLong) + causal_diagonal();
-      s.masked_fill_(keys.unsqueeze(0) > last.unsqueeze(1), -kInf);
+      s.add_(at::where(keys.unsqueeze(0) > last.unsqueeze(1), -kInf, 0.0));
     }
     return s;
   }
@@ -157,7 +161,7 @@ class Tiles {
   at::ScalarType dtype_, acc_;
   bool flash_;
   double unit_;
-  at::Tensor v_finite_;  // (B, Hkv): every value of V is finite
+  at::Tensor kv_finite_;  // (B, Hkv): every value of K and V is finite
 };
 
 // Runs fn(b, h, query tile) for every query tile of every head, spread over threads.
@@ -227,6 +231,12 @@ void attention_backward_cpu(const AttentionProblem& pb, const at::Tensor& grad_o
                             const at::Tensor& dmask) {
   const AttentionParams& p = pb.params;
   at::NoGradGuard no_grad;
+  if (p.batch * p.heads * p.queries == 0) {  // no query row reads a key: zero key/value gradients
+    dk.zero_();
+    dv.zero_();
+    if (dmask.defined()) dmask.zero_();
+    return;
+  }
   const Tiles t(pb);
   const at::Tensor lse_unit = lse_in_unit(lse, t);
 

@@ -38,8 +38,11 @@ at::Tensor draw_dropout_state(const at::Device& device, uint64_t counters) {
 
 at::ScalarType stats_dtype(at::ScalarType input) { return input == at::kDouble ? at::kDouble : at::kFloat; }
 
-void check_shape(const at::Tensor& t, at::IntArrayRef expected, const char* name) {
-  TORCH_CHECK(t.sizes() == expected, name, " must have shape ", expected, ", but got ", t.sizes());
+void check_like(const at::Tensor& t, at::IntArrayRef shape, at::ScalarType dtype, const at::Device& device,
+                const char* name) {
+  TORCH_CHECK(t.sizes() == shape, name, " must have shape ", shape, ", but got ", t.sizes());
+  TORCH_CHECK(t.scalar_type() == dtype && t.device() == device, name, " must be ", dtype, " on ", device,
+              ", but is ", t.scalar_type(), " on ", t.device());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
@@ -79,11 +82,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
       make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, numerics, shard);
   AttentionParams& p = pb.params;
   if (p.has_dropout) set_dropout_state(p, dropout_state, dropout_p, query.device());
-  check_shape(grad_out, pb.out_shape, "grad_out");
-  check_shape(out, pb.out_shape, "out");
-  check_shape(lse, pb.lse_shape, "lse");
-  if (grad_lse.has_value()) check_shape(*grad_lse, pb.lse_shape, "grad_lse");
-  TORCH_CHECK(!mask_grad || p.mask_kind == MaskKind::kFloat, "mask_grad needs a floating-point attn_mask");
+  const at::ScalarType stats = stats_dtype(query.scalar_type());
+  check_like(grad_out, pb.out_shape, query.scalar_type(), query.device(), "grad_out");
+  check_like(out, pb.out_shape, query.scalar_type(), query.device(), "out");
+  check_like(lse, pb.lse_shape, stats, query.device(), "lse");
+  if (grad_lse.has_value()) check_like(*grad_lse, pb.lse_shape, stats, query.device(), "grad_lse");
+  TORCH_CHECK(!mask_grad || p.mask_kind == MaskKind::kFloat || p.mask_kind == MaskKind::kFloat32,
+              "mask_grad needs a floating-point attn_mask");
 
   const std::vector<int64_t> rows{p.batch, p.heads, p.queries};
   const std::vector<int64_t> values{p.batch, p.heads, p.queries, p.value_dim};

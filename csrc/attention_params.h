@@ -13,7 +13,8 @@
 
 namespace rudnn {
 
-enum class MaskKind : int32_t { kNone = 0, kBool = 1, kFloat = 2 };
+// kFloat: a mask of the inputs' dtype; kFloat32: a float32 mask with inputs of another dtype.
+enum class MaskKind : int32_t { kNone = 0, kBool = 1, kFloat = 2, kFloat32 = 3 };
 
 // SPEC section 4: "exact" keeps everything between score and output in float32 (float64 for
 // float64 inputs); "flash" reproduces FlashAttention's rounding points.

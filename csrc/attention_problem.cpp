@@ -136,12 +136,12 @@ AttentionProblem make_problem(const at::Tensor& query, const at::Tensor& key, co
                             (hk == hv || hk == 1 || hv == 1);
     TORCH_CHECK(broadcasts, "query, key and value head counts (", hq, ", ", hk, ", ", hv,
                 ") must be equal or 1; pass enable_gqa=True for grouped-query attention");
-    heads = std::max({hq, hk, hv});
+    heads = at::infer_size({hq}, at::infer_size({hk}, {hv}))[0];  // 1 broadcasts, also against 0
   }
   // Key and value share one head count Hkv that divides H; a count of 1 broadcasts.
   TORCH_CHECK(hk == hv || hk == 1 || hv == 1, "key and value head counts (", hk, " and ", hv,
               ") must be equal, or one of them 1");
-  const int64_t kv_heads = std::max(hk, hv);
+  const int64_t kv_heads = at::infer_size({hk}, {hv})[0];
 
   const int64_t L = query.size(-2), S = key.size(-2), E = query.size(-1), Ev = value.size(-1);
   AttentionProblem pb;
@@ -172,7 +172,7 @@ AttentionProblem make_problem(const at::Tensor& query, const at::Tensor& key, co
 
   if (attn_mask.has_value()) {
     const at::Tensor& m = *attn_mask;
-    TORCH_CHECK(m.scalar_type() == at::kBool || m.scalar_type() == query.scalar_type(),
+    TORCH_CHECK(m.scalar_type() == at::kBool || m.scalar_type() == at::kFloat || m.scalar_type() == query.scalar_type(),
                 "Expected attn_mask dtype to be bool or float or to match query dtype, but got attn_mask.dtype: ",
                 m.scalar_type(), " and  query.dtype: ", query.scalar_type(), " instead.");
     TORCH_CHECK(m.device() == query.device(), "attn_mask must be on the device of query (", query.device(),
@@ -191,7 +191,9 @@ AttentionProblem make_problem(const at::Tensor& query, const at::Tensor& key, co
     pb.mask_full = mp;
     if (any_batch) std::copy(batch.begin(), batch.end(), pb.mask_full.begin());
     pb.mask = canonical(m, pb.mask_full);
-    p.mask_kind = m.scalar_type() == at::kBool ? MaskKind::kBool : MaskKind::kFloat;
+    p.mask_kind = m.scalar_type() == at::kBool                 ? MaskKind::kBool
+                  : m.scalar_type() == query.scalar_type() ? MaskKind::kFloat
+                                                           : MaskKind::kFloat32;
     p.mask_batch = pb.mask.size(0);
     p.mask_heads = pb.mask.size(1);
     p.mask_queries = pb.mask.size(2);

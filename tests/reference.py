@@ -9,16 +9,20 @@ LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def scores(q, k, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
-    """s_ij = scale * q_i.k_j (+ float mask), -inf where key j takes no part; as PyTorch's math path."""
+    """s_ij = scale * q_i.k_j (+ float mask), with -inf added where key j takes no part (so a NaN
+    score stays NaN); as PyTorch's math path."""
     if enable_gqa:
         k = k.repeat_interleave(q.size(-3) // k.size(-3), -3)
     scale = 1 / math.sqrt(q.size(-1)) if scale is None else scale
     s = (q @ k.transpose(-2, -1)) * scale
     length, keys = q.size(-2), k.size(-2)
+    def excluded(allowed):
+        return torch.zeros((), dtype=s.dtype, device=s.device).masked_fill(~allowed, -math.inf)
+
     if is_causal:
-        s = s.masked_fill(~torch.ones(length, keys, dtype=torch.bool, device=q.device).tril(), -math.inf)
+        s = s + excluded(torch.ones(length, keys, dtype=torch.bool, device=q.device).tril())
     if attn_mask is not None:
-        s = s.masked_fill(~attn_mask, -math.inf) if attn_mask.dtype == torch.bool else s + attn_mask
+        s = s + (excluded(attn_mask) if attn_mask.dtype == torch.bool else attn_mask)
     return s
 
 
@@ -35,7 +39,7 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=F
     p = e / total.masked_fill(total == 0, 1)
     if keep is not None:
         p = p * keep
-    return p @ v, lse
+    return p.to(v.dtype) @ v, lse  # a float32 mask promotes the scores; P @ V stays in V's dtype
 
 
 def math_sdpa(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):

@@ -144,6 +144,40 @@ def test_nan_in_value(device, is_causal):
     assert out[0, 1, :, 3].isnan().all() and not out[0, 1, :, 2].isnan().any()
 
 
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_nan_in_key(device, is_causal):
+    # Excluded scores get -inf added, as in PyTorch's math path: a NaN key poisons every row.
+    import reference as ref
+    q, k, v = (torch.randn(1, 2, 40, 8, dtype=torch.float64) for _ in range(3))
+    k[0, 0, 35, 1] = float("nan")
+    mask = None if is_causal else torch.rand(40, 40) > 0.5
+    if mask is not None:
+        mask[:, 35] = False
+    out = rudnn.scaled_dot_product_attention(q.to(device), k.to(device), v.to(device),
+                                             attn_mask=None if mask is None else mask.to(device), is_causal=is_causal)
+    expected = ref.math_sdpa(q, k, v, mask, is_causal)
+    assert expected[0, 0].isnan().all() and not expected[0, 1].isnan().any()
+    assert torch.equal(out.cpu().isnan(), expected.isnan())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_float32_mask_with_other_dtypes(device, dtype):
+    # PyTorch takes a float32 mask whatever the inputs' dtype.
+    case.run(device, dtype, (B, H, L, 16), (B, H, S, 16), (B, H, S, 16), attn_mask=torch.randn(L, S),
+             mask_grad=True)
+
+
+def test_heads_broadcast_against_zero(device):
+    # One query head against zero key/value heads broadcasts to zero heads. (PyTorch returns
+    # q-shaped zeros here, from an early exit for empty keys.)
+    q, k, v = (t.to(device).requires_grad_() for t in (torch.randn(1, 1, 4, 8), torch.randn(1, 0, 4, 8),
+                                                       torch.randn(1, 0, 4, 8)))
+    out = rudnn.scaled_dot_product_attention(q, k, v)
+    assert out.shape == (1, 0, 4, 8)
+    out.sum().backward()
+    assert q.grad.shape == q.shape and torch.equal(q.grad, torch.zeros_like(q))
+
+
 def test_nan_in_query(device):
     q = torch.randn(1, 2, 5, 8, device=device)
     q[0, 0, 2, 1] = float("nan")
@@ -152,7 +186,7 @@ def test_nan_in_query(device):
     assert out[0, 0, 2].isnan().all() and not out[0, 0, [0, 1, 3, 4]].isnan().any() and not out[0, 1].isnan().any()
 
 
-@pytest.mark.parametrize("shape", [(0, 2, 5, 8), (2, 2, 0, 8), (2, 2, 5, 8, 0)])
+@pytest.mark.parametrize("shape", [(0, 2, 5, 8), (2, 0, 5, 8), (2, 2, 0, 8), (2, 2, 5, 8, 0)])
 def test_empty(device, shape):
     # (batch 0), (L 0), (S 0): outputs of the right shape; with no keys, zero output and -inf LSE.
     if len(shape) == 5:

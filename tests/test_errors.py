@@ -77,6 +77,12 @@ def test_backward_checks_its_inputs():
     with pytest.raises(RuntimeError, match=r"grad_out must have shape \[2, 4, 5, 8\], but got \[2, 4, 5, 7\]"):
         torch.ops.rudnn.attention_backward(out[..., :7], None, q, k, v, None, out, lse, 0.0, False, None, False,
                                            None, state, [-1, 0, -1, 0, -1, 0], False)
+    with pytest.raises(RuntimeError, match="grad_out must be Float on cpu, but is BFloat16 on cpu"):
+        torch.ops.rudnn.attention_backward(out.bfloat16(), None, q, k, v, None, out, lse, 0.0, False, None, False,
+                                           None, state, [-1, 0, -1, 0, -1, 0], False)
+    with pytest.raises(RuntimeError, match="lse must be Float on cpu, but is Double on cpu"):
+        torch.ops.rudnn.attention_backward(out, None, q, k, v, None, out, lse.double(), 0.0, False, None, False,
+                                           None, state, [-1, 0, -1, 0, -1, 0], False)
     with pytest.raises(RuntimeError, match="mask_grad needs a floating-point attn_mask"):
         torch.ops.rudnn.attention_backward(out, None, q, k, v, None, out, lse, 0.0, False, None, False, None, state,
                                            [-1, 0, -1, 0, -1, 0], True)

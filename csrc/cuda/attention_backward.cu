@@ -21,7 +21,7 @@ struct BackwardArgs {
   const acc_t* lse_unit;  // lse * unit; +inf for rows with no keys, so that base^(s - lse) = 0
   acc_t* delta;           // D_i = sum_j P_ij dP_ij (minus dLSE_i)
   const acc_t* grad_lse;  // read by the dQ kernel when it computes D itself; else null
-  const bool* v_finite;   // (B, Hkv), or null without causality
+  const bool* kv_finite;  // (B, Hkv): K and V finite; null without causality
 };
 
 template <typename acc_t>
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   const DropoutRng rng = device_rng(p);
   const int64_t last_row = min(i0 + kTileRows, p.queries) - 1;
-  const bool can_skip = p.is_causal && a.v_finite[b * p.kv_heads + hk];
+  const bool can_skip = p.is_causal && a.kv_finite[b * p.kv_heads + hk];
   const int64_t diagonal = p.shard.query_start - p.shard.key_start;
 
   for (int pass = compute_delta ? 0 : 1; pass < 2; ++pass) {
@@ -215,8 +215,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   const DropoutRng rng = device_rng(p);
   const int64_t diagonal = p.shard.query_start - p.shard.key_start;
-  // Causal: query rows before first_row see none of these keys; skipped unless V is non-finite.
-  const bool can_skip = p.is_causal && a.v_finite[b * p.kv_heads + hk];
+  // Causal: query rows before first_row see none of these keys; skipped unless K or V is non-finite.
+  const bool can_skip = p.is_causal && a.kv_finite[b * p.kv_heads + hk];
   const int64_t first_row = can_skip && j0 > diagonal ? (j0 - diagonal) / kTile * kTile : 0;
 
   for (int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
@@ -410,8 +410,12 @@ void launch_backward(const AttentionProblem& pb, BackwardArgs<typename Compute<s
     const size_t mask_smem = sizeof(acc_t) * (kTileRows * (padded_cols(E) + padded_cols(Ev)) +
                                               kTile * (lane_row_stride<acc_t>(E) + lane_row_stride<acc_t>(Ev)) +
                                               kWarps * kTile);
-    const dim3 grid(static_cast<unsigned>(p.mask_keys == 1 ? 1 : (p.keys + kTile - 1) / kTile),
-                    static_cast<unsigned>(p.mask_queries == 1 ? 1 : (p.queries + kTileRows - 1) / kTileRows),
+    const int64_t key_tiles = p.mask_keys == 1 ? 1 : (p.keys + kTile - 1) / kTile;
+    const int64_t row_tiles = p.mask_queries == 1 ? 1 : (p.queries + kTileRows - 1) / kTileRows;
+    TORCH_CHECK(row_tiles <= 65535 && p.mask_batch * p.mask_heads <= 65535,
+                "rudnn's CUDA mask gradient takes at most ", 65535 * kTileRows, " queries and 65535 mask ",
+                "(batch x heads), but got ", p.queries, " and ", p.mask_batch * p.mask_heads);
+    const dim3 grid(static_cast<unsigned>(key_tiles), static_cast<unsigned>(row_tiles),
                     static_cast<unsigned>(p.mask_batch * p.mask_heads));
     launch(attention_dmask_kernel<scalar_t, B>, grid, mask_smem, p, a, dmask.data_ptr<acc_t>());
   }
@@ -451,7 +455,7 @@ void attention_backward_cuda(const AttentionProblem& pb, const at::Tensor& grad_
     delta = at::empty({p.batch, p.heads, p.queries}, lse.options().dtype(acc));
     if (grad_lse.has_value()) grad_lse_rows = grad_lse->to(acc).contiguous();
   }
-  const at::Tensor v_finite = values_finite(pb);
+  const at::Tensor kv_finite = keys_values_finite(pb);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dq.scalar_type(), "rudnn_attention_backward_cuda", [&] {
     using acc_t = typename Compute<scalar_t>::type;
     BackwardArgs<acc_t> a{grad_out.const_data_ptr(),
@@ -459,7 +463,7 @@ void attention_backward_cuda(const AttentionProblem& pb, const at::Tensor& grad_
                           lse_unit.const_data_ptr<acc_t>(),
                           delta.data_ptr<acc_t>(),
                           grad_lse_rows.defined() ? grad_lse_rows.const_data_ptr<acc_t>() : nullptr,
-                          v_finite.defined() ? v_finite.const_data_ptr<bool>() : nullptr};
+                          kv_finite.defined() ? kv_finite.const_data_ptr<bool>() : nullptr};
     dispatch_bucket(std::max(p.head_dim, p.value_dim), [&](auto bucket) {
       launch_backward<scalar_t, decltype(bucket)>(pb, a, !from_output, dq, dk, dv, dmask, deterministic);
     });

@@ -15,7 +15,7 @@ namespace {
 template <typename scalar_t, typename B>
 __global__ void __launch_bounds__(kThreads)
     attention_forward_kernel(const AttentionParams p, scalar_t* __restrict__ out,
-                             typename Compute<scalar_t>::type* __restrict__ lse, const bool* __restrict__ v_finite) {
+                             typename Compute<scalar_t>::type* __restrict__ lse, const bool* __restrict__ kv_finite) {
   using acc_t = typename Compute<scalar_t>::type;
   constexpr int kRows = rows_per_warp<acc_t>();
   constexpr int kTileRows = kWarps * kRows;
@@ -48,9 +48,9 @@ __global__ void __launch_bounds__(kThreads)
   }
   const DropoutRng rng = device_rng(p);
   const int64_t last_row = min(i0 + kTileRows, p.queries) - 1;
-  // Tiles past the causal frontier are skipped unless V holds a non-finite value, which PyTorch's
-  // math path carries into every row through the zero weights.
-  const bool can_skip = p.is_causal && v_finite[b * p.kv_heads + hk];
+  // Tiles past the causal frontier are skipped unless K or V holds a non-finite value, which
+  // PyTorch's math path carries into every row (NaN - inf, and zero weights times inf).
+  const bool can_skip = p.is_causal && kv_finite[b * p.kv_heads + hk];
   const int64_t diagonal = p.shard.query_start - p.shard.key_start;
 
   for (int64_t j0 = 0; j0 < p.keys; j0 += kTile) {
@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename scalar_t, typename B>
-void launch_forward(const AttentionParams& p, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& v_finite) {
+void launch_forward(const AttentionParams& p, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& kv_finite) {
   using acc_t = typename Compute<scalar_t>::type;
   constexpr int kTileRows = kWarps * rows_per_warp<acc_t>();
   const int E = static_cast<int>(p.head_dim);
@@ -118,7 +118,7 @@ void launch_forward(const AttentionParams& p, const at::Tensor& out, const at::T
   auto kernel = attention_forward_kernel<scalar_t, B>;
   const dim3 grid = tile_grid(p.queries, kTileRows, p.heads, p.batch);
   launch(kernel, grid, smem, p, out.data_ptr<scalar_t>(), lse.data_ptr<acc_t>(),
-         v_finite.defined() ? v_finite.const_data_ptr<bool>() : nullptr);
+         kv_finite.defined() ? kv_finite.const_data_ptr<bool>() : nullptr);
 }
 
 }  // namespace
@@ -128,10 +128,10 @@ void attention_forward_cuda(const AttentionProblem& pb, const at::Tensor& out, c
   if (p.batch * p.heads * p.queries == 0) return;
   check_cuda_problem(p);
   const c10::cuda::CUDAGuard guard(out.device());
-  const at::Tensor v_finite = values_finite(pb);
+  const at::Tensor kv_finite = keys_values_finite(pb);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "rudnn_attention_forward_cuda", [&] {
     dispatch_bucket(std::max(p.head_dim, p.value_dim), [&](auto bucket) {
-      launch_forward<scalar_t, decltype(bucket)>(p, out, lse, v_finite);
+      launch_forward<scalar_t, decltype(bucket)>(p, out, lse, kv_finite);
     });
   });
 }

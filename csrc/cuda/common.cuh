@@ -219,19 +219,22 @@ __device__ __forceinline__ void accumulate_rows(acc_t (&acc)[kRows][B::kChunks][
   }
 }
 
-// The score rules of one element, on a raw score already multiplied by unit * scale:
-// -inf for keys past S, masked out (bool) or causally excluded; + unit * mask for a float mask.
+// The score rules of one element, on a raw score already multiplied by unit * scale: -inf for
+// the padding of a partial tile; -inf added where the mask (bool) or causality excludes the key,
+// as PyTorch's math path adds it, so that a NaN score stays NaN; + unit * mask for a float mask.
 template <typename scalar_t, typename acc_t>
 __device__ __forceinline__ acc_t adjust_score(const AttentionParams& p, acc_t s, int64_t b, int64_t h, int64_t i,
                                               int64_t j, acc_t unit) {
   const acc_t neg_inf = -INFINITY;
-  if (i >= p.queries || j >= p.keys) return neg_inf;  // padding of a partial tile
-  if (p.is_causal && j - i > p.shard.query_start - p.shard.key_start) return neg_inf;
+  if (i >= p.queries || j >= p.keys) return neg_inf;
+  if (p.is_causal && j - i > p.shard.query_start - p.shard.key_start) s += neg_inf;
   if (p.mask_kind != MaskKind::kNone) {
     const Strides4& ms = p.mask_strides;
     const int64_t at = b * ms.batch + h * ms.head + i * ms.row + j * ms.col;
     if (p.mask_kind == MaskKind::kBool) {
-      if (!static_cast<const bool*>(p.mask)[at]) return neg_inf;
+      if (!static_cast<const bool*>(p.mask)[at]) s += neg_inf;
+    } else if (p.mask_kind == MaskKind::kFloat32) {
+      s += unit * static_cast<acc_t>(static_cast<const float*>(p.mask)[at]);
     } else {
       s += unit * static_cast<acc_t>(static_cast<const scalar_t*>(p.mask)[at]);
     }

@@ -41,10 +41,13 @@ __global__ void dropout_mask_kernel(DropoutRng rng, const int64_t* __restrict__ 
   }
 }
 
+// PyTorch's offset counts 32-bit draws (four per Philox counter) and its kernels' thread t reads
+// counters (offset / 4 + n, t): rudnn's counters start at offset / 4, with the draw advanced by
+// four per counter used, so neither rudnn nor PyTorch's next op reuses a counter.
 __global__ void unpack_philox_kernel(at::PhiloxCudaState philox, int64_t* state) {
   const auto [seed, offset] = at::cuda::philox::unpack(philox);
   state[0] = static_cast<int64_t>(seed);
-  state[1] = static_cast<int64_t>(offset);
+  state[1] = static_cast<int64_t>(offset / 4);
 }
 
 }  // namespace
@@ -71,7 +74,7 @@ at::Tensor draw_dropout_state_cuda(const at::Device& device, uint64_t counters) 
   at::PhiloxCudaState philox;
   {
     std::lock_guard<std::mutex> lock(gen->mutex_);
-    philox = gen->philox_cuda_state((counters + 3) / 4 * 4);  // PyTorch's increments are multiples of 4
+    philox = gen->philox_cuda_state(4 * counters);
   }
   at::Tensor state = at::empty({2}, at::TensorOptions().dtype(at::kLong).device(device));
   unpack_philox_kernel<<<1, 1, 0, at::cuda::getCurrentCUDAStream()>>>(philox, state.data_ptr<int64_t>());

@@ -49,12 +49,13 @@ void dispatch_bucket(int64_t width, F&& f) {
   }
 }
 
-// (B, Hkv) bool: every value of the head's V is finite (a sum overflowing to inf only costs the
-// causal tile skipping). Undefined when nothing would be skipped.
-inline at::Tensor values_finite(const AttentionProblem& pb) {
+// (B, Hkv) bool: every value of the head's K and V is finite, so that tiles causality excludes
+// can be skipped (a sum overflowing to inf only costs the skipping). Undefined without causality.
+inline at::Tensor keys_values_finite(const AttentionProblem& pb) {
   if (!pb.params.is_causal) return at::Tensor();
   const at::ScalarType acc = pb.v.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  return at::isfinite(pb.v.sum({2, 3}, /*keepdim=*/false, acc)).contiguous();
+  return at::isfinite(pb.k.sum({2, 3}, /*keepdim=*/false, acc) + pb.v.sum({2, 3}, /*keepdim=*/false, acc))
+      .contiguous();
 }
 
 }  // namespace rudnn::cuda

@@ -16,7 +16,7 @@ def attention_shapes(query, key, value, enable_gqa):
 
     q, k, v = leading(query), leading(key), leading(value)
     batch = tuple(torch.broadcast_shapes(q[:-1], k[:-1], v[:-1]))
-    heads = q[-1] if enable_gqa else max(q[-1], k[-1], v[-1])
+    heads = q[-1] if enable_gqa else torch.broadcast_shapes((q[-1],), (k[-1],), (v[-1],))[0]
     length, value_dim = query.shape[-2], value.shape[-1]
     if max(query.dim(), key.dim(), value.dim()) == 2:
         return (length, value_dim), (length,)
