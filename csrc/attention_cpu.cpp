@@ -107,9 +107,9 @@ class Tiles {
     }
     // Key j takes part iff j - i <= query_start - key_start (global positions of the shard).
     if (p_.is_causal && (ks.start + ks.size - 1) - qs.start > causal_diagonal()) {
-      at::Tensor keys = at::arange(ks.start, ks.start + ks.size, at::kLong);
-      at::Tensor last = at::arange(qs.start, qs.start + qs.size, at::kLong) + causal_diagonal();
-      s.add_(at::where(keys.unsqueeze(0) > last.unsqueeze(1), -kInf, 0.0));
+      // -inf where (local) j - i > qs.start + diagonal - ks.start: the upper triangle from there.
+      const int64_t first = qs.start + causal_diagonal() - ks.start + 1;
+      s.add_(at::full({qs.size, ks.size}, -kInf, s.options()).triu_(first));
     }
     return s;
   }
