@@ -34,7 +34,7 @@ CUDA_CASES = [
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default=benchmark.default_device())
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()

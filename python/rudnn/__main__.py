@@ -69,7 +69,7 @@ def cases(device):
 
 def main():
     parser = argparse.ArgumentParser(prog="python -m rudnn", description=__doc__)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default=benchmark.default_device())
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--no-benchmark", action="store_true")
     args = parser.parse_args()

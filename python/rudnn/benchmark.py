@@ -94,6 +94,12 @@ def _torch(backend):
     return run
 
 
+def default_device():
+    """"cuda" where there is a GPU and rudnn was built with its CUDA kernels, else "cpu"."""
+    has_kernels = torch._C._dispatch_has_kernel_for_dispatch_key("rudnn::attention_forward", "CUDA")
+    return "cuda" if torch.cuda.is_available() and has_kernels else "cpu"
+
+
 def implementations(device):
     """rudnn and the PyTorch backends that exist for the device."""
     names = ["flash", "efficient", "cudnn", "math"] if torch.device(device).type == "cuda" else ["flash", "math"]
