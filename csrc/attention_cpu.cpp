@@ -17,7 +17,6 @@
 namespace rudnn {
 namespace {
 
-constexpr double kLog2e = 1.4426950408889634;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -59,7 +58,7 @@ class Tiles {
       : pb_(pb), p_(pb.params), blocks_(cpu_blocks()), dtype_(pb.q.scalar_type()) {
     acc_ = dtype_ == at::kDouble ? at::kDouble : at::kFloat;
     flash_ = p_.numerics == Numerics::kFlash;
-    unit_ = flash_ ? kLog2e : 1.0;
+    unit_ = p_.score_unit();
     // A sum over each head is finite iff every value is, unless it overflows: then tiles are
     // merely not skipped. One pass, instead of the four of at::isfinite(...).all().
     if (p_.is_causal) {

@@ -14,6 +14,8 @@
 namespace rudnn {
 
 // kFloat: a mask of the inputs' dtype; kFloat32: a float32 mask with inputs of another dtype.
+constexpr double kLog2e = 1.4426950408889634;
+
 enum class MaskKind : int32_t { kNone = 0, kBool = 1, kFloat = 2, kFloat32 = 3 };
 
 // SPEC section 4: "exact" keeps everything between score and output in float32 (float64 for
@@ -47,6 +49,9 @@ struct AttentionParams {
   const int64_t* rng_state;
 
   RUDNN_HOST_DEVICE_FN int64_t group() const { return heads / kv_heads; }
+  // Kernels keep scores in the base of their exponential: e (exact), or 2 with log2(e) folded in
+  // (flash, as FlashAttention's exp2).
+  RUDNN_HOST_DEVICE_FN double score_unit() const { return numerics == Numerics::kFlash ? kLog2e : 1.0; }
 };
 
 }  // namespace rudnn

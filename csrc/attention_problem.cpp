@@ -39,12 +39,6 @@ bool is_supported_dtype(at::ScalarType t) {
   return t == at::kHalf || t == at::kBFloat16 || t == at::kFloat || t == at::kDouble;
 }
 
-Strides4 strides_of(const at::Tensor& t) {
-  // Size-1 dims get stride 0: the same element whatever the index.
-  auto s = [&](int d) { return t.size(d) == 1 ? int64_t{0} : t.stride(d); };
-  return Strides4{s(0), s(1), s(2), s(3)};
-}
-
 Numerics parse_numerics(std::optional<std::string_view> numerics, at::ScalarType dtype) {
   if (!numerics.has_value()) {
     return (dtype == at::kHalf || dtype == at::kBFloat16) ? Numerics::kFlash : Numerics::kExact;
@@ -55,6 +49,12 @@ Numerics parse_numerics(std::optional<std::string_view> numerics, at::ScalarType
 }
 
 }  // namespace
+
+Strides4 strides_of(const at::Tensor& t) {
+  // Size-1 dims get stride 0: the same element whatever the index.
+  auto s = [&](int d) { return t.size(d) == 1 ? int64_t{0} : t.stride(d); };
+  return Strides4{s(0), s(1), s(2), s(3)};
+}
 
 DropoutShard make_shard(at::IntArrayRef shard, int64_t heads, int64_t queries, int64_t keys) {
   TORCH_CHECK_VALUE(shard.size() == 6,

@@ -37,6 +37,9 @@ void set_dropout_state(AttentionParams& p, const at::Tensor& state, double dropo
 // global_keys, key_start] (-1: the local size) for a problem of the given local sizes.
 DropoutShard make_shard(at::IntArrayRef shard, int64_t heads, int64_t queries, int64_t keys);
 
+// Element strides of a 4-D tensor for the kernels, 0 along size-1 dims.
+Strides4 strides_of(const at::Tensor& t);
+
 // Gradient of a canonical tensor back to the shape of the input it came from.
 at::Tensor gradient_to_input(const at::Tensor& grad, at::IntArrayRef full, at::IntArrayRef input_sizes);
 

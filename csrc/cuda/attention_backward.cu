@@ -24,11 +24,6 @@ struct BackwardArgs {
   const bool* kv_finite;  // (B, Hkv): K and V finite; null without causality
 };
 
-template <typename acc_t>
-__device__ __forceinline__ acc_t unit_of(const AttentionParams& p) {
-  return p.numerics == Numerics::kFlash ? acc_t(1.4426950408889634) : acc_t(1);
-}
-
 // Loads keys [j0, j0 + kTile) of head (b, hk) into sK and sV, then gives, for this warp's rows
 // of sQ (times unit * scale) and sDO and for this lane's key, s = q.k and dp = dO.v.
 template <typename scalar_t, int kRows, typename acc_t>
@@ -65,7 +60,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t b = blockIdx.z, h = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * kTileRows;
   const int64_t hk = h / p.group();
   const bool flash = p.numerics == Numerics::kFlash;
-  const acc_t unit = unit_of<acc_t>(p);
+  const acc_t unit = static_cast<acc_t>(p.score_unit());
   const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
   const int ldq = padded_cols(E), lddo = padded_cols(Ev);
   const int ldk = lane_row_stride<acc_t>(B::kWidth), ldv = lane_row_stride<acc_t>(Ev);
@@ -182,7 +177,7 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int64_t b = blockIdx.z, hk = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * kTileKeys;
   const bool flash = p.numerics == Numerics::kFlash;
-  const acc_t unit = unit_of<acc_t>(p);
+  const acc_t unit = static_cast<acc_t>(p.score_unit());
   const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
   const int ldk = padded_cols(E), ldv = padded_cols(Ev);
   const int ldq = lane_row_stride<acc_t>(B::kWidth), lddo = lane_row_stride<acc_t>(B::kWidth);
@@ -294,7 +289,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t bm = blockIdx.z / p.mask_heads, hm = blockIdx.z % p.mask_heads;
   const bool all_rows = p.mask_queries == 1, all_keys = p.mask_keys == 1;
   const int64_t own_i0 = static_cast<int64_t>(blockIdx.y) * kTileRows, own_j0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  const acc_t unit = unit_of<acc_t>(p);
+  const acc_t unit = static_cast<acc_t>(p.score_unit());
   const bool flash = p.numerics == Numerics::kFlash;
   const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
   const int ldq = padded_cols(E), lddo = padded_cols(Ev);
@@ -369,8 +364,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-Strides4 strides4(const at::Tensor& t) { return Strides4{t.stride(0), t.stride(1), t.stride(2), t.stride(3)}; }
-
 template <typename scalar_t, typename B>
 void launch_backward(const AttentionProblem& pb, BackwardArgs<typename Compute<scalar_t>::type> a, bool compute_delta,
                      const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv, const at::Tensor& dmask,
@@ -388,7 +381,7 @@ void launch_backward(const AttentionProblem& pb, BackwardArgs<typename Compute<s
     const at::Tensor dv_sum = at::zeros(dv.sizes(), dv.options().dtype(c10::CppTypeToScalarType<acc_t>::value));
     launch(attention_dq_kernel<scalar_t, B>, dq_grid, dq_smem, p, a, compute_delta, dq.data_ptr<scalar_t>(),
            dk_sum.data_ptr<acc_t>(), dv_sum.data_ptr<acc_t>());
-    dk.copy_(dk_sum.div_(p.numerics == Numerics::kFlash ? 1.4426950408889634 : 1.0));  // the unit in sQ
+    dk.copy_(dk_sum.div_(p.score_unit()));  // sQ holds unit * scale * Q
     dv.copy_(dv_sum);
   } else {
     launch(attention_dq_kernel<scalar_t, B>, dq_grid, dq_smem, p, a, compute_delta, dq.data_ptr<scalar_t>(),
@@ -439,7 +432,7 @@ void attention_backward_cuda(const AttentionProblem& pb, const at::Tensor& grad_
     return;
   }
   // lse * unit, with +inf where lse is -inf (rows with no keys), so that base^(s - lse) = 0.
-  at::Tensor lse_unit = lse.to(acc) * (flash ? 1.4426950408889634 : 1.0);
+  at::Tensor lse_unit = lse.to(acc) * p.score_unit();
   lse_unit.masked_fill_(lse_unit == -INFINITY, INFINITY);
   lse_unit = lse_unit.contiguous();
   // Flash numerics take D_i = rowsum(dO ∘ O) from the rounded output, as FlashAttention does.
@@ -459,7 +452,7 @@ void attention_backward_cuda(const AttentionProblem& pb, const at::Tensor& grad_
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dq.scalar_type(), "rudnn_attention_backward_cuda", [&] {
     using acc_t = typename Compute<scalar_t>::type;
     BackwardArgs<acc_t> a{grad_out.const_data_ptr(),
-                          strides4(grad_out),
+                          strides_of(grad_out),
                           lse_unit.const_data_ptr<acc_t>(),
                           delta.data_ptr<acc_t>(),
                           grad_lse_rows.defined() ? grad_lse_rows.const_data_ptr<acc_t>() : nullptr,

@@ -23,7 +23,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t b = blockIdx.z, h = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * kTileRows;
   const int64_t hk = h / p.group();
   const bool flash = p.numerics == Numerics::kFlash;
-  const acc_t unit = flash ? acc_t(1.4426950408889634) : acc_t(1);  // scores in the exponential's base
+  const acc_t unit = static_cast<acc_t>(p.score_unit());
   const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
   const int ldq = padded_cols(E), ldk = lane_row_stride<acc_t>(E), ldv = B::kWidth;
 
