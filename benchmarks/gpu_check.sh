@@ -23,11 +23,11 @@ for step in "$@"; do
   start=$(date +%s)
   case "$step" in
     tests)
-      python3 -m pytest tests -q -x -k "cuda" -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -n 40
+      python3 -m pytest tests -q --maxfail=20 -k "cuda" -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -n 40
       status=$((status | PIPESTATUS[0])) ;;
     sanitize)
       for tool in memcheck racecheck; do
-        compute-sanitizer --tool "$tool" --error-exitcode 9 python3 benchmarks/sanitize_grid.py >"$OUT/$tool.log" 2>&1
+        timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 9 python3 benchmarks/sanitize_grid.py >"$OUT/$tool.log" 2>&1
         code=$?
         echo "compute-sanitizer $tool: exit $code"
         tail -n 5 "$OUT/$tool.log"

@@ -236,6 +236,14 @@ def test_exact_numerics_beat_flash(device):
     assert all(e < f for e, f in zip(errors["exact"], errors["flash"])), errors
 
 
+@pytest.mark.parametrize("S", [150, 700])
+def test_exact_numerics_form_delta(device, S):
+    # Exact numerics of bfloat16 form D from P and dP rather than from the rounded output. On CUDA
+    # the dQ kernel keeps each row's P and dP on chip when its keys fit (S = 150) and sweeps the
+    # keys twice when they do not (S = 700).
+    case.run(device, torch.bfloat16, (2, 2, 67, 64), (2, 2, S, 64), (2, 2, S, 64), numerics="exact")
+
+
 def test_deterministic_backward(device):
     q, k, v = (torch.randn(2, 8, 70, 40, device=device, requires_grad=True) for _ in range(3))
     k2, v2 = k[:, :2].detach().requires_grad_(), v[:, :2].detach().requires_grad_()

@@ -74,7 +74,7 @@ def test_graph_capture_with_dropout():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-@pytest.mark.parametrize("variant", ["plain", "causal gqa", "float mask dropout"])
+@pytest.mark.parametrize("variant", ["plain", "plain exact", "causal gqa", "float mask dropout"])
 def test_atomic_backward_matches_deterministic(dtype, variant):
     q, k, v = (torch.randn(2, 4, 70, 40, dtype=torch.float64, device="cuda").to(dtype) for _ in range(3))
     if "gqa" in variant:
@@ -88,8 +88,16 @@ def test_atomic_backward_matches_deterministic(dtype, variant):
         out = rudnn.scaled_dot_product_attention(*x[:3], attn_mask=x[3] if mask is not None else None,
                                                  dropout_p=0.2 if "dropout" in variant else 0.0,
                                                  is_causal="causal" in variant, enable_gqa="gqa" in variant,
-                                                 dropout_seed=4, deterministic=deterministic)
+                                                 dropout_seed=4, deterministic=deterministic,
+                                                 numerics="exact" if "exact" in variant else None)
         grads.append(torch.autograd.grad(out, x, grad))
     tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
     for a, b in zip(*grads):
         torch.testing.assert_close(b, a, atol=tol, rtol=tol)
+
+
+def test_head_dim_limit():
+    # The CUDA kernels hold head dims up to 256; past that the error names the rule.
+    q = torch.randn(1, 1, 4, 320, device="cuda")
+    with pytest.raises(RuntimeError, match="head dims up to 256"):
+        rudnn.scaled_dot_product_attention(q, q, q)

@@ -1,5 +1,5 @@
-// Device helpers shared by the CUDA attention kernels: compute types, tiles in shared memory,
-// the score rules (masks, causality, dropout) and warp reductions. No torch includes.
+// Device helpers shared by the CUDA attention kernels: compute types, the score rules (masks,
+// causality, dropout), exponentials and reductions. No torch includes.
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -8,15 +8,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "../attention_params.h"
 
 namespace rudnn::cuda {
-
-constexpr int kWarpSize = 32;
-constexpr int kWarps = 4;  // warps per block: a block works on one tile of 32 rows x 32 keys
-constexpr int kThreads = kWarps * kWarpSize;
-constexpr int kTile = 32;
 
 // float16/bfloat16/float32 compute in float32, float64 in float64.
 template <typename scalar_t>
@@ -27,25 +23,6 @@ template <>
 struct Compute<double> {
   using type = double;
 };
-
-// Rows a warp owns in a 32-row tile: 8 in float32, 4 in float64 (whose tiles have 16 rows),
-// which keeps the per-thread accumulators within the register file.
-template <typename acc_t>
-constexpr int rows_per_warp() {
-  return sizeof(acc_t) == 4 ? 8 : 4;
-}
-
-// Head-dim buckets: a thread holds kChunks x kVec consecutive-by-lane columns of a 32-lane row,
-// column d = c * 32 * kVec + lane * kVec + e. One instantiation per bucket, not per head dim.
-template <int kVecArg, int kChunksArg>
-struct Bucket {
-  static constexpr int kVec = kVecArg;
-  static constexpr int kChunks = kChunksArg;
-  static constexpr int kWidth = kVec * kChunks * kWarpSize;  // largest head dim it holds
-};
-using Bucket64 = Bucket<2, 1>;
-using Bucket128 = Bucket<4, 1>;
-using Bucket256 = Bucket<4, 2>;
 
 __device__ __forceinline__ float exp_base(float x, bool base2) { return base2 ? exp2f(x) : expf(x); }
 __device__ __forceinline__ double exp_base(double x, bool base2) { return base2 ? exp2(x) : exp(x); }
@@ -58,17 +35,17 @@ __device__ __forceinline__ T max_nan(T a, T b) {
   return (a != a || a > b) ? a : b;
 }
 
+// Reductions over the 16 lanes of a half-warp, which share a row of a score tile.
 template <typename T>
-__device__ __forceinline__ T warp_max(T x) {
+__device__ __forceinline__ T max16(T x) {
 #pragma unroll
-  for (int o = kWarpSize / 2; o > 0; o /= 2) x = max_nan(x, __shfl_xor_sync(0xffffffffu, x, o));
+  for (int o = 8; o > 0; o /= 2) x = max_nan(x, __shfl_xor_sync(0xffffffffu, x, o));
   return x;
 }
-
 template <typename T>
-__device__ __forceinline__ T warp_sum(T x) {
+__device__ __forceinline__ T sum16(T x) {
 #pragma unroll
-  for (int o = kWarpSize / 2; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  for (int o = 8; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;
 }
 
@@ -101,153 +78,103 @@ __device__ __forceinline__ void load4_global(const scalar_t* src, acc_t (&x)[4])
   }
 }
 
-// Rows [row0, row0 + tile_rows) of head (b, h) of a (B, H, rows, cols) tensor into shared memory
-// (tile_rows x ld, in the compute type, times `factor`). A warp per row, four columns per lane,
-// one vector load each where the row is contiguous and aligned. Rows past `rows` and columns past
-// `cols` are zero, so that padding adds nothing.
-template <typename scalar_t, typename acc_t>
-__device__ void load_tile(acc_t* tile, int ld, const void* base, const Strides4& s, int64_t b, int64_t h,
-                          int64_t row0, int64_t rows, int cols, int tile_rows, acc_t factor = acc_t(1)) {
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  for (int r = warp; r < tile_rows; r += kWarps) {
-    const bool valid = row0 + r < rows;
-    const scalar_t* src = valid ? at_row<scalar_t>(base, s, b, h, row0 + r) : nullptr;
-    for (int d = lane * 4; d < ld; d += kWarpSize * 4) {
-      acc_t x[4] = {0, 0, 0, 0};
-      if (valid) {
-        const bool vector = s.col == 1 && d + 4 <= cols &&
-                            reinterpret_cast<uintptr_t>(src + d) % (4 * sizeof(scalar_t)) == 0;
-        if (vector) {
-          load4_global<scalar_t>(src + d, x);
-        } else {
+// kN consecutive elements src[0], src[stride], ... with those at or past `valid` left as they are:
+// one load where they are contiguous and aligned.
+template <int kN, typename T>
+__device__ __forceinline__ void load_run(const T* src, int64_t stride, int64_t valid, T (&x)[kN]) {
+  constexpr int kBytes = kN * static_cast<int>(sizeof(T));
+  if constexpr (kBytes == 1 || kBytes == 2 || kBytes == 4 || kBytes == 8 || kBytes == 16) {
+    using V = std::conditional_t<kBytes == 1, uint8_t,
+              std::conditional_t<kBytes == 2, uint16_t,
+              std::conditional_t<kBytes == 4, uint32_t, std::conditional_t<kBytes == 8, uint2, uint4>>>>;
+    if (stride == 1 && valid >= kN && reinterpret_cast<uintptr_t>(src) % kBytes == 0) {
+      const V v = *reinterpret_cast<const V*>(src);
+      const T* e = reinterpret_cast<const T*>(&v);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            if (d + e < cols) x[e] = static_cast<acc_t>(src[(d + e) * s.col]);
-          }
-        }
-      }
-      acc_t* dst = tile + r * ld + d;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (d + e < ld) dst[e] = x[e] * factor;  // float64 lane rows are 2 mod 4 elements long
-      }
+      for (int k = 0; k < kN; ++k) x[k] = e[k];
+      return;
     }
   }
-}
-
-// Row stride (in elements) of a tile whose rows are read by different lanes in the same
-// instruction: a multiple of 4 elements, with (stride * sizeof / 16) odd so that 16-byte reads of
-// 8 consecutive rows hit distinct banks.
-template <typename acc_t>
-__host__ __device__ constexpr int lane_row_stride(int cols) {
-  const int per16 = 16 / static_cast<int>(sizeof(acc_t));
-  int stride = (cols + 3) / 4 * 4;
-  if ((stride / per16) % 2 == 0) stride += per16;
-  return stride;
-}
-
-// Columns padded to the bucket width: rows read whole by every lane (broadcast or lane chunks).
-__host__ __device__ constexpr int padded_cols(int cols) { return (cols + 3) / 4 * 4; }
-
-// N consecutive elements from 16-byte-aligned (N = 4) or 8/16-byte-aligned (N = 2) shared memory.
-template <int N>
-__device__ __forceinline__ void load_vec(const float* src, float (&x)[N]) {
-  static_assert(N == 2 || N == 4, "vectors of 2 or 4");
-  if constexpr (N == 4) {
-    const float4 v = *reinterpret_cast<const float4*>(src);
-    x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
-  } else {
-    const float2 v = *reinterpret_cast<const float2*>(src);
-    x[0] = v.x, x[1] = v.y;
-  }
-}
-template <int N>
-__device__ __forceinline__ void load_vec(const double* src, double (&x)[N]) {
-  static_assert(N == 2 || N == 4, "vectors of 2 or 4");
 #pragma unroll
-  for (int e = 0; e < N; e += 2) {
-    const double2 v = *reinterpret_cast<const double2*>(src + e);
-    x[e] = v.x, x[e + 1] = v.y;
+  for (int k = 0; k < kN; ++k) {
+    if (k < valid) x[k] = src[k * stride];
   }
 }
 
-// s[r] = dot(rows + r * ld_rows, lane_row) over n columns (a multiple of 4), for kRows rows read
-// by the whole warp (broadcast) against a row owned by this lane: one lane-row read per 4 columns
-// serves kRows dot products.
-template <int kRows, typename acc_t>
-__device__ __forceinline__ void dot_rows(const acc_t* rows, int ld_rows, const acc_t* lane_row, int n,
-                                         acc_t (&s)[kRows]) {
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) s[r] = 0;
-  for (int d = 0; d < n; d += 4) {
-    acc_t y[4];
-    load_vec<4>(lane_row + d, y);
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      acc_t x[4];
-      load_vec<4>(rows + r * ld_rows + d, x);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[r] = fma(x[e], y[e], s[r]);
-    }
-  }
-}
-
-// acc[r][c][e] += sum_jj w[jj][r] * tile[jj][c * 32 * kVec + lane * kVec + e] over `count` tile
-// rows, with w[jj][r] = weights[jj * kRows + r]: a warp's kRows x count weights times the tile.
-template <typename B, int kRows, typename acc_t>
-__device__ __forceinline__ void accumulate_rows(acc_t (&acc)[kRows][B::kChunks][B::kVec], const acc_t* weights,
-                                                const acc_t* tile, int ld, int count, int lane) {
-  for (int jj = 0; jj < count; ++jj) {
-    acc_t w[kRows];
-#pragma unroll
-    for (int r = 0; r < kRows; r += 4) {
-      acc_t x[4];
-      load_vec<4>(weights + jj * kRows + r, x);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) w[r + e] = x[e];
-    }
-#pragma unroll
-    for (int c = 0; c < B::kChunks; ++c) {
-      acc_t v[B::kVec];
-      load_vec<B::kVec>(tile + jj * ld + c * kWarpSize * B::kVec + lane * B::kVec, v);
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-        for (int e = 0; e < B::kVec; ++e) acc[r][c][e] = fma(w[r], v[e], acc[r][c][e]);
-      }
-    }
-  }
-}
-
-// The score rules of one element, on a raw score already multiplied by unit * scale: -inf for
-// the padding of a partial tile; -inf added where the mask (bool) or causality excludes the key,
-// as PyTorch's math path adds it, so that a NaN score stays NaN; + unit * mask for a float mask.
-template <typename scalar_t, typename acc_t>
-__device__ __forceinline__ acc_t adjust_score(const AttentionParams& p, acc_t s, int64_t b, int64_t h, int64_t i,
-                                              int64_t j, acc_t unit) {
+// The score rules of kN consecutive keys j, j + 1, ... of query row i, on raw scores already
+// multiplied by unit * scale: -inf for the padding of a partial tile; -inf added where causality
+// or a bool mask excludes the key, as PyTorch's math path adds it, so that a NaN score stays NaN;
+// + unit * mask for a float mask. `edge`: the run's tile crosses the problem's bounds or the
+// causal frontier; elsewhere those checks are skipped.
+template <int kN, typename scalar_t, typename acc_t>
+__device__ __forceinline__ void apply_rules(const AttentionParams& p, acc_t (&s)[kN], int64_t b, int64_t h, int64_t i,
+                                            int64_t j, acc_t unit, bool edge) {
   const acc_t neg_inf = -INFINITY;
-  if (i >= p.queries || j >= p.keys) return neg_inf;
-  if (p.is_causal && j - i > p.shard.query_start - p.shard.key_start) s += neg_inf;
-  if (p.mask_kind != MaskKind::kNone) {
-    const Strides4& ms = p.mask_strides;
-    const int64_t at = b * ms.batch + h * ms.head + i * ms.row + j * ms.col;
-    if (p.mask_kind == MaskKind::kBool) {
-      if (!static_cast<const bool*>(p.mask)[at]) s += neg_inf;
-    } else if (p.mask_kind == MaskKind::kFloat32) {
-      s += unit * static_cast<acc_t>(static_cast<const float*>(p.mask)[at]);
-    } else {
-      s += unit * static_cast<acc_t>(static_cast<const scalar_t*>(p.mask)[at]);
+  if (edge) {
+    const int64_t diagonal = p.shard.query_start - p.shard.key_start;
+#pragma unroll
+    for (int e = 0; e < kN; ++e) {
+      if (i >= p.queries || j + e >= p.keys) {
+        s[e] = neg_inf;
+      } else if (p.is_causal && j + e - i > diagonal) {
+        s[e] += neg_inf;
+      }
     }
   }
-  return s;
+  if (p.mask_kind == MaskKind::kNone || i >= p.queries) return;
+  const Strides4& ms = p.mask_strides;
+  const int64_t at = b * ms.batch + h * ms.head + i * ms.row + j * ms.col, valid = p.keys - j;
+  if (p.mask_kind == MaskKind::kBool) {
+    bool keep[kN];
+#pragma unroll
+    for (int e = 0; e < kN; ++e) keep[e] = true;
+    load_run<kN>(static_cast<const bool*>(p.mask) + at, ms.col, valid, keep);
+#pragma unroll
+    for (int e = 0; e < kN; ++e) {
+      if (!keep[e]) s[e] += neg_inf;
+    }
+  } else if (p.mask_kind == MaskKind::kFloat32) {
+    float add[kN] = {};
+    load_run<kN>(static_cast<const float*>(p.mask) + at, ms.col, valid, add);
+#pragma unroll
+    for (int e = 0; e < kN; ++e) s[e] += unit * static_cast<acc_t>(add[e]);
+  } else {
+    scalar_t add[kN];
+#pragma unroll
+    for (int e = 0; e < kN; ++e) add[e] = scalar_t(0);
+    load_run<kN>(static_cast<const scalar_t*>(p.mask) + at, ms.col, valid, add);
+#pragma unroll
+    for (int e = 0; e < kN; ++e) s[e] += unit * static_cast<acc_t>(add[e]);
+  }
 }
 
-// The dropout multiplier of element (b, h, i, j): 0 or 1/(1-p) (SPEC 3).
-template <typename acc_t>
-__device__ __forceinline__ acc_t dropout_multiplier(const AttentionParams& p, const DropoutRng& rng, int64_t b,
-                                                    int64_t h, int64_t i, int64_t j) {
-  return rng.keep_at(p.shard.row_position(b, h, i) + static_cast<uint64_t>(j)) ? static_cast<acc_t>(rng.keep_scale)
-                                                                                 : acc_t(0);
+// Whether a tile of query rows [i0, i0 + rows) and keys [j0, j0 + keys) needs apply_rules' edge
+// checks: it crosses the end of the queries or keys, or the causal frontier.
+__device__ __forceinline__ bool tile_on_edge(const AttentionParams& p, int64_t i0, int rows, int64_t j0, int keys) {
+  return i0 + rows > p.queries || j0 + keys > p.keys ||
+         (p.is_causal && j0 + keys - 1 - i0 > p.shard.query_start - p.shard.key_start);
+}
+
+__device__ __forceinline__ uint32_t philox_word(const Philox4& bits, uint32_t index) {
+  return index == 0 ? bits.x[0] : index == 1 ? bits.x[1] : index == 2 ? bits.x[2] : bits.x[3];
+}
+
+// Dropout multipliers (0 or 1/(1-p), SPEC 3) of kN <= 4 consecutive positions pos0, pos0 + 1, ...:
+// they span at most two Philox blocks, so a thread draws once or twice for all of them.
+template <int kN, typename acc_t>
+__device__ __forceinline__ void dropout_run(const DropoutRng& rng, uint64_t pos0, acc_t (&m)[kN]) {
+  static_assert(kN >= 1 && kN <= 4, "a run spans at most two Philox blocks");
+  const Philox4 first = rng.block(pos0);
+  Philox4 second = first;
+  if (((pos0 + kN - 1) >> 2) != (pos0 >> 2)) second = rng.block(pos0 + kN - 1);
+  const acc_t kept = static_cast<acc_t>(rng.keep_scale);
+#pragma unroll
+  for (int e = 0; e < kN; ++e) {
+    const uint64_t pos = pos0 + e;
+    const uint32_t index = static_cast<uint32_t>(pos & 3);
+    const uint32_t word = (pos >> 2) == (pos0 >> 2) ? philox_word(first, index) : philox_word(second, index);
+    m[e] = rng.keep(word) ? kept : acc_t(0);
+  }
 }
 
 // The dropout generator with its seed and offset read from device memory.

@@ -6,30 +6,42 @@
 #include <c10/cuda/CUDAException.h>
 
 #include <algorithm>
+#include <string>
+#include <type_traits>
 
 #include "../attention_problem.h"
-#include "common.cuh"
+#include "tile.cuh"
 
 namespace rudnn::cuda {
 
+// Numbers in error messages of CUDA translation units go through std::to_string: streaming them
+// into c10::str from host code compiled by nvcc crashed on the GPU machine (seen with size_t).
+using std::to_string;
+
+constexpr int kMaxWidth = 256;  // the widest head-dim bucket
+
 inline void check_cuda_problem(const AttentionParams& p) {
-  TORCH_CHECK(std::max(p.head_dim, p.value_dim) <= Bucket256::kWidth,
-              "rudnn's CUDA kernels take head dims up to ", Bucket256::kWidth, ", but got E = ", p.head_dim,
-              " and Ev = ", p.value_dim);
-  TORCH_CHECK(p.batch <= 65535 && p.heads <= 65535, "rudnn's CUDA kernels take at most 65535 batch entries and ",
-              "heads, but got ", p.batch, " and ", p.heads);
+  TORCH_CHECK(std::max(p.head_dim, p.value_dim) <= kMaxWidth, "rudnn's CUDA kernels take head dims up to ",
+              to_string(kMaxWidth), ", but got E = ", to_string(p.head_dim), " and Ev = ", to_string(p.value_dim));
+  TORCH_CHECK(p.batch <= 65535 && std::max(p.heads, p.kv_heads) <= 65535,
+              "rudnn's CUDA kernels take at most 65535 batch entries and heads, but got ", to_string(p.batch), " and ",
+              to_string(p.heads));
 }
 
 // Blocks over (row tiles, heads, batch).
 inline dim3 tile_grid(int64_t rows, int tile_rows, int64_t heads, int64_t batch) {
   const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
-  TORCH_CHECK(tiles < (int64_t{1} << 31), "too many rows for one launch: ", rows);
+  TORCH_CHECK(tiles < (int64_t{1} << 31), "too many rows for one launch: ", to_string(rows));
   return dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(heads), static_cast<unsigned>(batch));
 }
+
+inline size_t max_shared_memory() { return at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin; }
 
 template <typename Kernel, typename... Args>
 void launch(Kernel kernel, dim3 grid, size_t smem, Args... args) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
+  TORCH_CHECK(smem <= max_shared_memory(), "rudnn: this kernel needs ", to_string(smem),
+              " bytes of shared memory per block, but the device offers ", to_string(max_shared_memory()));
   if (smem > 48 * 1024) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
@@ -37,15 +49,15 @@ void launch(Kernel kernel, dim3 grid, size_t smem, Args... args) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// The smallest bucket whose width holds `width` columns.
+// f(std::integral_constant<int, W>) for the smallest head-dim bucket W that holds `width` columns.
 template <typename F>
-void dispatch_bucket(int64_t width, F&& f) {
-  if (width <= Bucket64::kWidth) {
-    f(Bucket64{});
-  } else if (width <= Bucket128::kWidth) {
-    f(Bucket128{});
+void dispatch_width(int64_t width, F&& f) {
+  if (width <= 64) {
+    f(std::integral_constant<int, 64>{});
+  } else if (width <= 128) {
+    f(std::integral_constant<int, 128>{});
   } else {
-    f(Bucket256{});
+    f(std::integral_constant<int, kMaxWidth>{});
   }
 }
 
