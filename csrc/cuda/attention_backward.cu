@@ -85,23 +85,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
           dpm[x / kTN][x % kTN] = slot[kSlots + x * kThreads];
         }
       } else {
-        acc_t s[kTM][kTN] = {}, dp[kTM][kTN] = {};
-        gemm_nt<Cfg>(s, sQ, sK, round_up(E, Cfg::kVec));
-        gemm_nt<Cfg>(dp, sDO, sV, round_up(Ev, Cfg::kVec));
-        const int64_t j = j0 + tx * kTN;
-        const bool edge = tile_on_edge(p, i0, kBM, j0, kBN);
-#pragma unroll
-        for (int r = 0; r < kTM; ++r) {
-          const int64_t i = i0 + ty * kTM + r;
-          apply_rules<kTN, scalar_t>(p, s[r], b, h, i, j, unit, edge);
-          acc_t keep[kTN];
-          if (p.has_dropout) dropout_run<kTN>(rng, p.shard.row_position(b, h, i) + static_cast<uint64_t>(j), keep);
-#pragma unroll
-          for (int c = 0; c < kTN; ++c) {
-            prob[r][c] = exp_base(s[r][c] - lse[r], flash);
-            dpm[r][c] = p.has_dropout ? dp[r][c] * keep[c] : dp[r][c];
-          }
-        }
+        query_tile_probabilities<scalar_t, Cfg>(p, rng, b, h, i0, j0, sQ, sDO, sK, sV, lse, prob, dpm);
       }
       if (pass == 0) {
 #pragma unroll

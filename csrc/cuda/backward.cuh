@@ -4,7 +4,7 @@
 #include <ATen/ATen.h>
 
 #include "../attention_problem.h"
-#include "common.cuh"
+#include "tile.cuh"
 
 namespace rudnn::cuda {
 
@@ -36,6 +36,39 @@ BackwardArgs<acc_t> backward_args(const BackwardTensors& t) {
                              t.delta.data_ptr<acc_t>(),
                              t.grad_lse.defined() ? t.grad_lse.const_data_ptr<acc_t>() : nullptr,
                              t.kv_finite.defined() ? t.kv_finite.const_data_ptr<bool>() : nullptr};
+}
+
+// P_ij = base^(s_ij - lse_i) and M_ij dP_ij (dP_ij = dO_i.v_j) for this thread's query rows
+// i0 + ty kTM + r and keys j0 + tx kTN + c, from the tiles in shared memory: sQ (times unit *
+// scale) and sDO (query rows), sK and sV (key rows, permuted). lse: lse * unit of the rows.
+template <typename scalar_t, typename Cfg, typename acc_t>
+__device__ __forceinline__ void query_tile_probabilities(const AttentionParams& p, const DropoutRng& rng, int64_t b,
+                                                         int64_t h, int64_t i0, int64_t j0, const acc_t* sQ,
+                                                         const acc_t* sDO, const acc_t* sK, const acc_t* sV,
+                                                         const acc_t (&lse)[Cfg::kTM],
+                                                         acc_t (&prob)[Cfg::kTM][Cfg::kTN],
+                                                         acc_t (&dpm)[Cfg::kTM][Cfg::kTN]) {
+  constexpr int kTM = Cfg::kTM, kTN = Cfg::kTN;
+  const int ty = threadIdx.x / kThreadGrid, tx = threadIdx.x % kThreadGrid;
+  const bool flash = p.numerics == Numerics::kFlash;
+  const acc_t unit = static_cast<acc_t>(p.score_unit());
+  acc_t s[kTM][kTN] = {}, dp[kTM][kTN] = {};
+  gemm_nt<Cfg>(s, sQ, sK, round_up(static_cast<int>(p.head_dim), Cfg::kVec));
+  gemm_nt<Cfg>(dp, sDO, sV, round_up(static_cast<int>(p.value_dim), Cfg::kVec));
+  const int64_t j = j0 + tx * kTN;
+  const bool edge = tile_on_edge(p, i0, Cfg::kBM, j0, Cfg::kBN);
+#pragma unroll
+  for (int r = 0; r < kTM; ++r) {
+    const int64_t i = i0 + ty * kTM + r;
+    apply_rules<kTN, scalar_t>(p, s[r], b, h, i, j, unit, edge);
+    acc_t keep[kTN];
+    if (p.has_dropout) dropout_run<kTN>(rng, p.shard.row_position(b, h, i) + static_cast<uint64_t>(j), keep);
+#pragma unroll
+    for (int c = 0; c < kTN; ++c) {
+      prob[r][c] = exp_base(s[r][c] - lse[r], flash);
+      dpm[r][c] = p.has_dropout ? dp[r][c] * keep[c] : dp[r][c];
+    }
+  }
 }
 
 // dMask (the canonical mask's shape, compute type) from D and the saved statistics.

@@ -22,7 +22,6 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t bm = blockIdx.z / p.mask_heads, hm = blockIdx.z % p.mask_heads;
   const bool all_rows = p.mask_queries == 1, all_keys = p.mask_keys == 1;
   const int64_t own_i0 = static_cast<int64_t>(blockIdx.y) * kBM, own_j0 = static_cast<int64_t>(blockIdx.x) * kBN;
-  const bool flash = p.numerics == Numerics::kFlash;
   const acc_t unit = static_cast<acc_t>(p.score_unit());
   const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
 
@@ -56,23 +55,15 @@ __global__ void __launch_bounds__(kThreads)
           load_tile<scalar_t, Cfg, kBN, true>(sK, p.k, p.k_strides, b, hk, j0, p.keys, E, acc_t(1));
           load_tile<scalar_t, Cfg, kBN, true>(sV, p.v, p.v_strides, b, hk, j0, p.keys, Ev, acc_t(1));
           __syncthreads();
-          acc_t s[kTM][kTN] = {}, dp[kTM][kTN] = {};
-          gemm_nt<Cfg>(s, sQ, sK, round_up(E, Cfg::kVec));
-          gemm_nt<Cfg>(dp, sDO, sV, round_up(Ev, Cfg::kVec));
-          const int64_t j = j0 + tx * kTN;
-          const bool edge = tile_on_edge(p, i0, kBM, j0, kBN);
+          acc_t prob[kTM][kTN], dpm[kTM][kTN];
+          query_tile_probabilities<scalar_t, Cfg>(p, rng, b, h, i0, j0, sQ, sDO, sK, sV, lse, prob, dpm);
           // dS_ij = P_ij (M_ij dP_ij - D_i)
 #pragma unroll
           for (int r = 0; r < kTM; ++r) {
             const int64_t i = i0 + ty * kTM + r;
-            apply_rules<kTN, scalar_t>(p, s[r], b, h, i, j, unit, edge);
-            acc_t keep[kTN];
-            if (p.has_dropout) dropout_run<kTN>(rng, p.shard.row_position(b, h, i) + static_cast<uint64_t>(j), keep);
 #pragma unroll
             for (int c = 0; c < kTN; ++c) {
-              if (i >= p.queries || j + c >= p.keys) continue;
-              const acc_t prob = exp_base(s[r][c] - lse[r], flash);
-              total[r][c] += prob * (dp[r][c] * (p.has_dropout ? keep[c] : acc_t(1)) - delta[r]);
+              if (i < p.queries && j0 + tx * kTN + c < p.keys) total[r][c] += prob[r][c] * (dpm[r][c] - delta[r]);
             }
           }
         }

@@ -64,8 +64,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         inputs), -inf for a row with no keys; it is differentiable.
       numerics: "exact" (float32 between score and output) or "flash" (FlashAttention's rounding
         points); None picks "flash" for float16/bfloat16 and "exact" otherwise.
-      deterministic: False lets the CUDA backward accumulate dK and dV with float atomics (the
-        generic backward); the default gives bitwise-repeatable gradients. The CPU backward is
+      deterministic: False lets the CUDA backward accumulate dQ with float atomics (the generic
+        backward); the default gives bitwise-repeatable gradients. The CPU backward is
         always deterministic.
     """
     state = _dropout_state(dropout_seed, dropout_offset, query.device) if dropout_p > 0 else None
