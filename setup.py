@@ -54,14 +54,13 @@ def extension():
     cxx = ["-O3"]
     if cuda_sources and torch.version.cuda is not None and CUDA_HOME is not None:
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", default_cuda_arch())
+        # Host files that include ATen's CUDA headers need the library headers as well.
+        pip_includes = [f for d in pip_cuda_include_dirs() for f in ("-isystem", d)]
         return CUDAExtension(
             "rudnn._C",
             sources + cuda_sources,
             define_macros=[("RUDNN_WITH_CUDA", None)],
-            extra_compile_args={
-                "cxx": cxx,
-                "nvcc": ["-O3", "-lineinfo"] + [f for d in pip_cuda_include_dirs() for f in ("-isystem", d)],
-            },
+            extra_compile_args={"cxx": cxx + pip_includes, "nvcc": ["-O3", "-lineinfo"] + pip_includes},
         )
     return CppExtension("rudnn._C", sources, extra_compile_args={"cxx": cxx})
 

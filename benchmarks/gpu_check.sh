@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What the developers run on the GPU machine after every change to CUDA code: build for the GPU,
 # then the named steps.   bash benchmarks/gpu_check.sh [tests] [sanitize] [bench] [long]
-#   tests     the whole test suite's CUDA half (every device-parametrised test, and tests/test_cuda.py)
+#   tests     the whole test suite's CUDA half (device-parametrised tests, test_cuda.py, test_tensor_cores.py)
 #   sanitize  compute-sanitizer memcheck and racecheck on a small grid of shapes
 #   bench     benchmarks/bench_attention.py on the GPU, JSON into $OUT
 #   long      L = S = 65536, E = 64, bf16, causal, forward and backward: time and peak memory
@@ -23,7 +23,7 @@ for step in "$@"; do
   start=$(date +%s)
   case "$step" in
     tests)
-      python3 -m pytest tests -q --maxfail=20 -k "cuda" -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -n 40
+      python3 -m pytest tests -q --maxfail=20 -k "cuda or tensor_core" -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -n 40
       status=$((status | PIPESTATUS[0])) ;;
     sanitize)
       for tool in memcheck racecheck; do
@@ -34,7 +34,7 @@ for step in "$@"; do
         status=$((status | code))
       done ;;
     bench)
-      python3 benchmarks/bench_attention.py --device cuda --json "$OUT/bench.json" 2>/dev/null | tee "$OUT/bench.md" ;;
+      python3 benchmarks/bench_attention.py --device cuda --sets "${BENCH_SETS:-issue,sweep,fallback}" --json "$OUT/bench.json" 2>/dev/null | tee "$OUT/bench.md" ;;
     long)
       python3 benchmarks/long_rows.py 2>&1 | tee "$OUT/long.log" ;;
     profile)

@@ -6,16 +6,19 @@ from torch.profiler import ProfilerActivity, profile
 import rudnn
 from rudnn import benchmark
 
-CASES = [benchmark.Case(4, 16, 2048, 64, dtype=torch.float32, mask="bool", dropout=0.1),
-         benchmark.Case(4, 16, 2048, 64, dtype=torch.float32),
-         benchmark.Case(4, 16, 4096, 128, dtype=torch.bfloat16)]
+CASES = [benchmark.Case(8, 16, 4096, 128, dtype=torch.bfloat16),
+         benchmark.Case(8, 16, 4096, 128, dtype=torch.bfloat16, causal=True),
+         benchmark.Case(8, 16, 4096, 128, dtype=torch.bfloat16, mask="bool"),
+         benchmark.Case(8, 16, 4096, 128, dtype=torch.bfloat16, dropout=0.1),
+         benchmark.Case(4, 16, 2048, 64, dtype=torch.float32, mask="bool", dropout=0.1)]
 
 for case in CASES:
     q, k, v, mask = case.inputs("cuda", True)
     grad = torch.randn_like(q)
 
     def step():
-        out = rudnn.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=case.dropout)
+        out = rudnn.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=case.dropout,
+                                                 is_causal=case.causal)
         torch.autograd.grad(out, (q, k, v), grad)
 
     step()

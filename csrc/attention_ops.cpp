@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "attention_problem.h"
+#include "kernel_choice.h"
 #include "kernels.h"
 
 namespace rudnn {
@@ -137,6 +138,20 @@ at::Tensor dropout_mask(const at::Tensor& dropout_state, at::IntArrayRef size, d
   return out;
 }
 
+// [forward, backward]: which kernels these inputs get and why (kernel_choice.h).
+std::vector<std::string> explain(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                 const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                                 std::optional<double> scale, bool enable_gqa,
+                                 std::optional<c10::string_view> numerics) {
+  const AttentionProblem pb =
+      make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, numerics, {-1, 0, -1, 0, -1, 0});
+  std::string backward = backward_kernels(pb).why;
+  if (query.is_cuda() && (pb.params.mask_kind == MaskKind::kFloat || pb.params.mask_kind == MaskKind::kFloat32)) {
+    backward += "; the float mask's gradient, where asked for, by its CUDA-core kernel";
+  }
+  return {forward_kernels(pb).why, backward};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(rudnn, m) {
@@ -152,6 +167,10 @@ TORCH_LIBRARY(rudnn, m) {
       "bool enable_gqa, str? numerics, Tensor dropout_state, int[] shard, bool mask_grad, bool deterministic=True) "
       "-> (Tensor grad_query, Tensor grad_key, Tensor grad_value, Tensor grad_attn_mask)");
   m.def("dropout_mask(Tensor dropout_state, int[] size, float p, int[] shard, ScalarType dtype) -> Tensor");
+  m.def(
+      "explain(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, float dropout_p, bool is_causal, "
+      "float? scale, bool enable_gqa, str? numerics) -> str[]");
+  m.impl("explain", c10::DispatchKey::CompositeExplicitAutograd, &explain);
 }
 
 TORCH_LIBRARY_IMPL(rudnn, CPU, m) {

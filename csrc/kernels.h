@@ -29,6 +29,9 @@ void dropout_mask_cpu(const DropoutRng& rng, const DropoutShard& shard, const at
 namespace rudnn::cuda {
 
 void attention_forward_cuda(const AttentionProblem& pb, const at::Tensor& out, const at::Tensor& lse);
+// The tensor-core kernels (float16/bfloat16), for problems kernel_choice.h admits; the *_cuda
+// entry points pick them.
+void attention_forward_tc(const AttentionProblem& pb, const at::Tensor& out, const at::Tensor& lse);
 void attention_backward_cuda(const AttentionProblem& pb, const at::Tensor& grad_out, const at::Tensor& out,
                              const at::Tensor& lse, const std::optional<at::Tensor>& grad_lse, const at::Tensor& dq,
                              const at::Tensor& dk, const at::Tensor& dv, const at::Tensor& dmask, bool deterministic);

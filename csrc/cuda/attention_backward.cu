@@ -8,6 +8,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include "../kernel_choice.h"
 #include "../kernels.h"
 #include "backward.cuh"
 #include "launch.cuh"
@@ -347,6 +348,11 @@ void attention_backward_cuda(const AttentionProblem& pb, const at::Tensor& grad_
   t.lse_unit.masked_fill_(t.lse_unit == -INFINITY, INFINITY);
   t.lse_unit = t.lse_unit.contiguous();
   t.kv_finite = keys_values_finite(pb);
+  if (backward_kernels(pb).tensor_cores) {
+    if (!tensor_core_operand(grad_out)) t.grad_out = grad_out.clone(at::MemoryFormat::Contiguous);
+    attention_backward_tc(pb, t, out, grad_lse, dq, dk, dv, dmask);
+    return;
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dq.scalar_type(), "rudnn_attention_backward_cuda", [&] {
     using acc_t = typename Compute<scalar_t>::type;
     dispatch_width(std::max(p.head_dim, p.value_dim), [&](auto width) {

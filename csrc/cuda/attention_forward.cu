@@ -6,6 +6,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include "../kernel_choice.h"
 #include "../kernels.h"
 #include "launch.cuh"
 
@@ -125,6 +126,10 @@ void attention_forward_cuda(const AttentionProblem& pb, const at::Tensor& out, c
   const AttentionParams& p = pb.params;
   if (p.batch * p.heads * p.queries == 0) return;
   check_cuda_problem(p);
+  if (forward_kernels(pb).tensor_cores) {
+    attention_forward_tc(pb, out, lse);
+    return;
+  }
   const c10::cuda::CUDAGuard guard(out.device());
   const at::Tensor kv_finite = keys_values_finite(pb);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "rudnn_attention_forward_cuda", [&] {

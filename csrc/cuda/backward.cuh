@@ -71,6 +71,12 @@ __device__ __forceinline__ void query_tile_probabilities(const AttentionParams& 
   }
 }
 
+// The tensor-core backward (attention_backward_tc.cu) for problems backward_kernels admits: D from
+// rowsum(dO ∘ O) into t.delta, then dQ, dK, dV and, when defined, dMask.
+void attention_backward_tc(const AttentionProblem& pb, BackwardTensors& t, const at::Tensor& out,
+                           const std::optional<at::Tensor>& grad_lse, const at::Tensor& dq, const at::Tensor& dk,
+                           const at::Tensor& dv, const at::Tensor& dmask);
+
 // dMask (the canonical mask's shape, compute type) from D and the saved statistics.
 void mask_gradient_cuda(const AttentionProblem& pb, const BackwardTensors& t, const at::Tensor& dmask);
 

@@ -38,15 +38,21 @@ inline dim3 tile_grid(int64_t rows, int tile_rows, int64_t heads, int64_t batch)
 inline size_t max_shared_memory() { return at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin; }
 
 template <typename Kernel, typename... Args>
-void launch(Kernel kernel, dim3 grid, size_t smem, Args... args) {
+void launch_threads(Kernel kernel, dim3 grid, int threads, size_t smem, Args... args) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
   TORCH_CHECK(smem <= max_shared_memory(), "rudnn: this kernel needs ", to_string(smem),
               " bytes of shared memory per block, but the device offers ", to_string(max_shared_memory()));
   if (smem > 48 * 1024) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
-  kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(args...);
+  kernel<<<grid, threads, smem, at::cuda::getCurrentCUDAStream()>>>(args...);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// A CUDA-core kernel (tile.cuh's block of kThreads).
+template <typename Kernel, typename... Args>
+void launch(Kernel kernel, dim3 grid, size_t smem, Args... args) {
+  launch_threads(kernel, grid, kThreads, smem, args...);
 }
 
 // f(std::integral_constant<int, W>) for the smallest head-dim bucket W that holds `width` columns.

@@ -87,3 +87,20 @@ def dropout_mask(batch, heads, queries, keys, p, seed, offset, *, global_heads=N
     state = _dropout_state(seed, offset, "cpu" if device is None else device)
     shard = DropoutShard(global_heads, head_start, global_queries, query_start, global_keys, key_start).as_list()
     return torch.ops.rudnn.dropout_mask(state, [batch, heads, queries, keys], float(p), shard, dtype)
+
+
+class Explanation(NamedTuple):
+    """Which kernels run a call, and why."""
+
+    forward: str
+    backward: str
+
+
+def explain(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, *,
+            numerics=None):
+    """Which kernels `scaled_dot_product_attention` with these arguments runs, forward and backward,
+    and why: the tensor-core kernels, or the CUDA-core ones with the reason they were passed over
+    (dtype, head dims, strides, RUDNN_DISABLE_TENSOR_CORES=1, ...). Nothing is computed."""
+    forward, backward = torch.ops.rudnn.explain(query, key, value, attn_mask, float(dropout_p), bool(is_causal),
+                                                scale, bool(enable_gqa), numerics)
+    return Explanation(forward, backward)

@@ -1,0 +1,339 @@
+// Backward on the tensor cores (float16/bfloat16, flash numerics), deterministic, in the seed's
+// split: a query-owned kernel for dQ and a key-owned kernel for dK and dV, neither with atomics.
+// Both recompute P = base^(s - lse) and dS = P (M dP - D) per tile in registers, with
+// D = rowsum(dO ∘ O) - dLSE formed beforehand by ATen from the rounded output (FlashAttention's D).
+//   dQ kernel: four warps own 16 query rows each; K/V tiles of 64 keys are double-buffered.
+//   dK/dV kernel: four warps own 16 keys each; it sweeps every head of the GQA group and every
+//   query tile of 64 rows (double-buffered Q, dO and their rows' statistics), and turns P and dS
+//   into the left operands of P^T dO and dS^T Q with movmatrix transposes.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "../kernels.h"
+#include "backward.cuh"
+#include "launch.cuh"
+#include "tensor_core.cuh"
+
+namespace rudnn::cuda {
+namespace {
+
+constexpr int kRowsPerTile = 64;  // both kernels' query and key tiles
+
+template <int kE, int kEv>
+struct BackwardShape {
+  static constexpr int kLdK = tc_ld<kE>(), kLdV = tc_ld<kEv>();
+  // One tile of each operand the block owns, two of each it streams (row-major 16-bit tiles).
+  static constexpr size_t kTileBytes = 2 * static_cast<size_t>(kRowsPerTile) * (kLdK + kLdV);
+  static constexpr size_t kSmem = 3 * kTileBytes + 2 * 2 * kRowsPerTile * sizeof(float);
+};
+
+// P (zero where dropout drops) into s, dS = P (M dP - D) into dp, for a warp's fragment tile of
+// query rows [row0, ...) and keys [j0, ...); lse and delta of the fragment's rows (lse * unit,
+// +inf where a row has no keys or is past the end).
+template <int kMI, int kNB>
+__device__ __forceinline__ void fragment_gradients(const AttentionParams& p, const DropoutRng& rng,
+                                                   float (&s)[kMI][kNB][4], float (&dp)[kMI][kNB][4],
+                                                   const float (&lse)[kMI][2], const float (&delta)[kMI][2],
+                                                   int64_t b, int64_t h, int64_t row0, int64_t j0) {
+  const bool flash = p.numerics == Numerics::kFlash;
+  for_each_pair<kMI, kNB>(row0, j0, [&](int mi, int nb, int r, int64_t i, int64_t j) {
+    float keep[2] = {1.0f, 1.0f};
+    if (p.has_dropout && i < p.queries) dropout_run<2>(rng, p.shard.row_position(b, h, i) + static_cast<uint64_t>(j), keep);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float prob = exp_base(s[mi][nb][2 * r + e] - lse[mi][r], flash);
+      dp[mi][nb][2 * r + e] = prob * (dp[mi][nb][2 * r + e] * keep[e] - delta[mi][r]);
+      s[mi][nb][2 * r + e] = keep[e] == 0.0f ? 0.0f : prob;
+    }
+  });
+}
+
+// acc[kMI][kNB][4] += A B for a warp's 16 kMI rows: A from shared tile sA (rows by k, rows from
+// a_row0), B^T from sB (columns by k, columns from b_col0); k up to `depth` (< kDepth: the
+// bucket's zero columns are skipped).
+template <typename scalar_t, int kMI, int kNB, int kDepth, int kLdA, int kLdB>
+__device__ __forceinline__ void gemm_smem_nt(float (&acc)[kMI][kNB][4], const scalar_t* sA, int a_row0,
+                                             const scalar_t* sB, int b_col0, int depth) {
+#pragma unroll
+  for (int ks = 0; ks < kDepth / 16; ++ks) {
+    if (ks * 16 >= depth) break;
+    uint32_t a[kMI][4];
+#pragma unroll
+    for (int mi = 0; mi < kMI; ++mi) load_a<kLdA>(a[mi], sA, a_row0 + 16 * mi, 16 * ks);
+#pragma unroll
+    for (int nb = 0; nb < kNB; nb += 2) {
+      uint32_t bb[4];
+      load_b<kLdB>(bb, sB, b_col0 + 8 * nb, 16 * ks);
+#pragma unroll
+      for (int mi = 0; mi < kMI; ++mi) {
+        mma16816<scalar_t>(acc[mi][nb], a[mi], bb[0], bb[1]);
+        mma16816<scalar_t>(acc[mi][nb + 1], a[mi], bb[2], bb[3]);
+      }
+    }
+  }
+}
+
+// acc[kCols / 8][4] += A B with A given as fragments of 16 rows by k in [16 kk, 16 kk + 16) and B
+// from a shared tile stored k by columns; columns up to `width`.
+template <typename scalar_t, int kCols, int kLd>
+__device__ __forceinline__ void mma_a_smem_kn(float (&acc)[kCols / 8][4], const uint32_t (&a)[4], const scalar_t* sB,
+                                              int kk, int width) {
+#pragma unroll
+  for (int nv = 0; nv < kCols / 16; ++nv) {
+    if (nv * 16 >= width) break;
+    uint32_t bb[4];
+    load_b_trans<kLd>(bb, sB, 16 * nv, 16 * kk);
+    mma16816<scalar_t>(acc[2 * nv], a, bb[0], bb[1]);
+    mma16816<scalar_t>(acc[2 * nv + 1], a, bb[2], bb[3]);
+  }
+}
+
+// Stores a warp's 16-row accumulator (rows row0 + g, row0 + g + 8 of a contiguous tensor of
+// `rows` rows) times `factor`.
+template <typename scalar_t, int kCols>
+__device__ __forceinline__ void store_rows_tc(const float (&acc)[kCols / 8][4], float factor, scalar_t* out,
+                                              int64_t row0, int64_t rows, int cols) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t i = row0 + lane / 4 + 8 * r;
+    if (i >= rows) continue;
+#pragma unroll
+    for (int c = 0; c < kCols / 8; ++c) {
+      store_pair(out + i * cols, 8 * c + 2 * (lane % 4), cols, acc[c][2 * r] * factor, acc[c][2 * r + 1] * factor);
+    }
+  }
+}
+
+template <typename scalar_t, int kE, int kEv>
+__global__ void __launch_bounds__(kTcThreads)
+    attention_dq_tc_kernel(const AttentionParams p, const BackwardArgs<float> a, scalar_t* __restrict__ dq) {
+  using Shape = BackwardShape<kE, kEv>;
+  constexpr int kLdK = Shape::kLdK, kLdV = Shape::kLdV, kBN = kRowsPerTile, kNB = kBN / 8;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t b = blockIdx.z, h = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * kRowsPerTile;
+  const int64_t hk = h / p.group(), row0 = i0 + 16 * warp, rows = (b * p.heads + h) * p.queries;
+  const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  scalar_t* sQ = reinterpret_cast<scalar_t*>(smem);
+  scalar_t* sDO = sQ + kRowsPerTile * kLdK;
+  scalar_t* sK[2] = {sDO + kRowsPerTile * kLdV, sDO + kRowsPerTile * kLdV + kBN * (kLdK + kLdV)};
+  scalar_t* sV[2] = {sK[0] + kBN * kLdK, sK[1] + kBN * kLdK};
+
+  int64_t key_end = p.keys;
+  if (p.is_causal && a.kv_finite[b * p.kv_heads + hk]) {
+    const int64_t last_row = min(i0 + kRowsPerTile, p.queries) - 1;
+    key_end = max(int64_t{0}, min(key_end, last_row + p.shard.query_start - p.shard.key_start + 1));
+  }
+  tile_to_smem_async<scalar_t, kRowsPerTile, kE, kTcThreads>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E);
+  tile_to_smem_async<scalar_t, kRowsPerTile, kEv, kTcThreads>(sDO, a.dout, a.dout_strides, b, h, i0, p.queries, Ev);
+  tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK[0], p.k, p.k_strides, b, hk, 0, key_end, E);
+  tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV[0], p.v, p.v_strides, b, hk, 0, key_end, Ev);
+  cp_async_commit();
+
+  float lse[1][2], delta[1][2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t i = row0 + lane / 4 + 8 * r;
+    lse[0][r] = i < p.queries ? a.lse_unit[rows + i] : INFINITY;
+    delta[0][r] = i < p.queries ? a.delta[rows + i] : 0.0f;
+  }
+  const DropoutRng rng = device_rng(p);
+  float acc[kE / 8][4] = {};
+  for (int64_t j0 = 0, tile = 0; j0 < key_end; j0 += kBN, ++tile) {
+    const int buf = tile % 2;
+    cp_async_wait<0>();
+    __syncthreads();  // this tile has landed, and every warp is done with the other buffer
+    if (j0 + kBN < key_end) {
+      tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK[buf ^ 1], p.k, p.k_strides, b, hk, j0 + kBN, key_end, E);
+      tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV[buf ^ 1], p.v, p.v_strides, b, hk, j0 + kBN, key_end, Ev);
+    }
+    cp_async_commit();
+    float s[1][kNB][4] = {}, dp[1][kNB][4] = {};
+    gemm_smem_nt<scalar_t, 1, kNB, kE, kLdK, kLdK>(s, sQ, 16 * warp, sK[buf], 0, E);
+    gemm_smem_nt<scalar_t, 1, kNB, kEv, kLdV, kLdV>(dp, sDO, 16 * warp, sV[buf], 0, Ev);
+    fragment_scores<scalar_t>(p, s, b, h, row0, j0, tile_on_edge(p, row0, 16, j0, kBN));
+    fragment_gradients(p, rng, s, dp, lse, delta, b, h, row0, j0);
+    // dQ_i += sum_j dS_ij K_j
+#pragma unroll
+    for (int kk = 0; kk < kNB / 2; ++kk) {
+      uint32_t ds[4];
+      fragment_to_a<scalar_t>(ds, dp[0], kk, false);
+      mma_a_smem_kn<scalar_t, kE, kLdK>(acc, ds, sK[buf], kk, E);
+    }
+  }
+  cp_async_wait<0>();
+  store_rows_tc<scalar_t, kE>(acc, static_cast<float>(p.scale), dq + rows * E, row0, p.queries, E);
+}
+
+// The A fragment of X^T (16 keys by queries [16 mi, 16 mi + 16)) from a query-major C tile
+// x[mi][0..1] of this warp's 16 keys, rounded to 16 bits.
+template <typename scalar_t>
+__device__ __forceinline__ void transposed_a(uint32_t (&a)[4], const float (&x)[2][4]) {
+  a[0] = movmatrix_trans(pack2<scalar_t>(x[0][0], x[0][1]));
+  a[1] = movmatrix_trans(pack2<scalar_t>(x[1][0], x[1][1]));
+  a[2] = movmatrix_trans(pack2<scalar_t>(x[0][2], x[0][3]));
+  a[3] = movmatrix_trans(pack2<scalar_t>(x[1][2], x[1][3]));
+}
+
+// Adds a warp's accumulator of 16 key rows, rounded to the input dtype, to the group's running
+// sums (GQA in flash numerics: FlashAttention rounds each query head's dK/dV before summing
+// them); the group's last head writes the sums out.
+template <typename scalar_t, int kCols>
+__device__ __forceinline__ void add_group_sum(const float (&acc)[kCols / 8][4], float factor, float* sums,
+                                              int sum_cols, scalar_t* out, int64_t row0, int64_t rows, int cols,
+                                              bool first, bool last) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t j = row0 + lane / 4 + 8 * r;
+    if (j >= rows) continue;
+#pragma unroll
+    for (int c = 0; c < kCols / 8; ++c) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int d = 8 * c + 2 * (lane % 4) + e;
+        if (d >= cols) continue;
+        const float x = (first ? 0.0f : sums[j * sum_cols + d]) + round_to<scalar_t>(acc[c][2 * r + e] * factor);
+        if (last) out[j * cols + d] = static_cast<scalar_t>(x);
+        else sums[j * sum_cols + d] = x;
+      }
+    }
+  }
+}
+
+template <typename scalar_t, int kE, int kEv>
+__global__ void __launch_bounds__(kTcThreads)
+    attention_dkdv_tc_kernel(const AttentionParams p, const BackwardArgs<float> a, scalar_t* __restrict__ dk,
+                             scalar_t* __restrict__ dv, float* __restrict__ group_sums) {
+  using Shape = BackwardShape<kE, kEv>;
+  constexpr int kLdK = Shape::kLdK, kLdV = Shape::kLdV, kBM = kRowsPerTile, kMI = kBM / 16;
+  const int warp = threadIdx.x / 32;
+  const int64_t b = blockIdx.z, hk = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * kRowsPerTile;
+  const int64_t kw0 = j0 + 16 * warp, key_rows = (b * p.kv_heads + hk) * p.keys;
+  const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  scalar_t* sK = reinterpret_cast<scalar_t*>(smem);
+  scalar_t* sV = sK + kRowsPerTile * kLdK;
+  scalar_t* sQ[2] = {sV + kRowsPerTile * kLdV, sV + kRowsPerTile * kLdV + kBM * (kLdK + kLdV)};
+  scalar_t* sDO[2] = {sQ[0] + kBM * kLdK, sQ[1] + kBM * kLdK};
+  float* sStats = reinterpret_cast<float*>(sK + 3 * kRowsPerTile * (kLdK + kLdV));  // [2][lse, delta][kBM]
+
+  // Query tiles before the causal frontier of the first key see none of these keys.
+  int64_t first_tile = 0;
+  if (p.is_causal && a.kv_finite[b * p.kv_heads + hk]) {
+    first_tile = max(int64_t{0}, j0 - (p.shard.query_start - p.shard.key_start)) / kBM;
+  }
+  const int64_t tiles = (p.queries + kBM - 1) / kBM - first_tile, group = p.group();
+  const int64_t steps = tiles > 0 ? tiles * group : 0;
+  // Step u: head hk * group + u / tiles, query tile first_tile + u % tiles; its Q, dO and stats
+  // go to buffer u % 2.
+  const auto load_step = [&](int64_t u) {
+    const int buf = static_cast<int>(u % 2);
+    const int64_t h = hk * group + u / tiles, i0 = (first_tile + u % tiles) * kBM;
+    tile_to_smem_async<scalar_t, kBM, kE, kTcThreads>(sQ[buf], p.q, p.q_strides, b, h, i0, p.queries, E);
+    tile_to_smem_async<scalar_t, kBM, kEv, kTcThreads>(sDO[buf], a.dout, a.dout_strides, b, h, i0, p.queries, Ev);
+    const int r = threadIdx.x % kBM;
+    const int64_t i = i0 + r, at = (b * p.heads + h) * p.queries + i;
+    float* stats = sStats + buf * 2 * kBM;
+    if (threadIdx.x < kBM) stats[r] = i < p.queries ? a.lse_unit[at] : INFINITY;
+    else stats[kBM + r] = i < p.queries ? a.delta[at] : 0.0f;
+  };
+  tile_to_smem_async<scalar_t, kRowsPerTile, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, j0, p.keys, E);
+  tile_to_smem_async<scalar_t, kRowsPerTile, kEv, kTcThreads>(sV, p.v, p.v_strides, b, hk, j0, p.keys, Ev);
+  if (steps > 0) load_step(0);
+  cp_async_commit();
+
+  const DropoutRng rng = device_rng(p);
+  const int lane = threadIdx.x % 32;
+  const float kept = p.has_dropout ? static_cast<float>(p.rng.keep_scale) : 1.0f;
+  float acc_k[kE / 8][4] = {}, acc_v[kEv / 8][4] = {};
+  for (int64_t u = 0; u < steps; ++u) {
+    const int buf = static_cast<int>(u % 2);
+    const int64_t h = hk * group + u / tiles, i0 = (first_tile + u % tiles) * kBM;
+    cp_async_wait<0>();
+    __syncthreads();  // this step has landed, and every warp is done with the other buffer
+    if (u + 1 < steps) load_step(u + 1);
+    cp_async_commit();
+
+    float s[kMI][2][4] = {}, dp[kMI][2][4] = {};
+    gemm_smem_nt<scalar_t, kMI, 2, kE, kLdK, kLdK>(s, sQ[buf], 0, sK, 16 * warp, E);
+    gemm_smem_nt<scalar_t, kMI, 2, kEv, kLdV, kLdV>(dp, sDO[buf], 0, sV, 16 * warp, Ev);
+    float lse[kMI][2], delta[kMI][2];
+    const float* stats = sStats + buf * 2 * kBM;
+#pragma unroll
+    for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        lse[mi][r] = stats[16 * mi + lane / 4 + 8 * r];
+        delta[mi][r] = stats[kBM + 16 * mi + lane / 4 + 8 * r];
+      }
+    fragment_scores<scalar_t>(p, s, b, h, i0, kw0, tile_on_edge(p, i0, kBM, kw0, 16));
+    fragment_gradients(p, rng, s, dp, lse, delta, b, h, i0, kw0);
+    // dV_j += sum_i (P∘M)_ij dO_i;  dK_j += sum_i dS_ij Q_i   (k runs over the tile's queries)
+#pragma unroll
+    for (int mi = 0; mi < kMI; ++mi) {
+      uint32_t at[4];
+      transposed_a<scalar_t>(at, s[mi]);
+      mma_a_smem_kn<scalar_t, kEv, kLdV>(acc_v, at, sDO[buf], mi, Ev);
+      transposed_a<scalar_t>(at, dp[mi]);
+      mma_a_smem_kn<scalar_t, kE, kLdK>(acc_k, at, sQ[buf], mi, E);
+    }
+    if (group_sums != nullptr && (u + 1) % tiles == 0) {
+      const bool first = u + 1 == tiles, last = u + 1 == steps;
+      float* sums = group_sums + key_rows * (E + Ev);
+      add_group_sum<scalar_t, kE>(acc_k, static_cast<float>(p.scale), sums, E + Ev, dk + key_rows * E, kw0, p.keys,
+                                  E, first, last);
+      add_group_sum<scalar_t, kEv>(acc_v, kept, sums + E, E + Ev,
+                                   dv + key_rows * Ev, kw0, p.keys, Ev, first, last);
+#pragma unroll
+      for (int c = 0; c < kE / 8; ++c) acc_k[c][0] = acc_k[c][1] = acc_k[c][2] = acc_k[c][3] = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kEv / 8; ++c) acc_v[c][0] = acc_v[c][1] = acc_v[c][2] = acc_v[c][3] = 0.0f;
+    }
+  }
+  cp_async_wait<0>();
+  if (group_sums != nullptr && steps > 0) return;
+  store_rows_tc<scalar_t, kE>(acc_k, static_cast<float>(p.scale), dk + key_rows * E, kw0, p.keys, E);
+  store_rows_tc<scalar_t, kEv>(acc_v, kept, dv + key_rows * Ev, kw0, p.keys, Ev);
+}
+
+}  // namespace
+
+void attention_backward_tc(const AttentionProblem& pb, BackwardTensors& t, const at::Tensor& out,
+                           const std::optional<at::Tensor>& grad_lse, const at::Tensor& dq, const at::Tensor& dk,
+                           const at::Tensor& dv, const at::Tensor& dmask) {
+  const AttentionParams& p = pb.params;
+  t.delta = t.grad_out.to(at::kFloat).mul_(out.to(at::kFloat)).sum(-1);
+  if (grad_lse.has_value()) t.delta.sub_(*grad_lse);
+  t.delta = t.delta.contiguous();
+  const BackwardArgs<float> a = backward_args<float>(t);
+  const bool round_per_head = p.group() > 1;
+  const at::Tensor group_sums = round_per_head ? at::empty({p.batch, p.kv_heads, p.keys, p.head_dim + p.value_dim},
+                                                           dq.options().dtype(at::kFloat))
+                                               : at::Tensor();
+  AT_DISPATCH_REDUCED_FLOATING_TYPES(dq.scalar_type(), "rudnn_attention_backward_tc", [&] {
+    dispatch_tc_dims(p.head_dim, p.value_dim, [&](auto e, auto ev) {
+      constexpr int kE = decltype(e)::value, kEv = decltype(ev)::value;
+      if constexpr (kE <= 128 && kEv <= 128) {
+        using Shape = BackwardShape<kE, kEv>;
+        launch_threads(attention_dq_tc_kernel<scalar_t, kE, kEv>,
+                       tile_grid(p.queries, kRowsPerTile, p.heads, p.batch), kTcThreads, Shape::kSmem, p, a,
+                       dq.data_ptr<scalar_t>());
+        launch_threads(attention_dkdv_tc_kernel<scalar_t, kE, kEv>,
+                       tile_grid(p.keys, kRowsPerTile, p.kv_heads, p.batch), kTcThreads, Shape::kSmem, p, a,
+                       dk.data_ptr<scalar_t>(), dv.data_ptr<scalar_t>(),
+                       round_per_head ? group_sums.data_ptr<float>() : nullptr);
+      } else {
+        TORCH_CHECK(false, "rudnn: no tensor-core backward for E = ", to_string(p.head_dim), ", Ev = ",
+                    to_string(p.value_dim));
+      }
+    });
+  });
+  if (dmask.defined()) mask_gradient_cuda(pb, t, dmask);
+}
+
+}  // namespace rudnn::cuda

@@ -1,0 +1,194 @@
+// Forward on the tensor cores (float16/bfloat16, mma.sync m16n8k16): a block of four warps owns
+// kBM query rows of one head, each warp 16 kMI of them; key/value tiles of kBN rows stream
+// through shared memory by cp.async, K of the next tile loading while this tile's softmax and
+// P V run. Scores, probabilities and the output stay in registers: the score fragments, rounded
+// to 16 bits, are the A operand of P V (mma.cuh).
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "../kernels.h"
+#include "launch.cuh"
+#include "tensor_core.cuh"
+
+namespace rudnn::cuda {
+namespace {
+
+template <int kE, int kEv>
+struct ForwardShape {
+  static constexpr int kMI = kE <= 128 ? 2 : 1;  // 16-row fragments per warp; wide heads need the registers
+  static constexpr int kBM = 16 * kMI * kTcWarps, kBN = 64, kNB = kBN / 8;
+  static constexpr int kLdK = tc_ld<kE>(), kLdV = tc_ld<kEv>();
+  static constexpr size_t kSmem = 2 * (static_cast<size_t>(kBM + kBN) * kLdK + static_cast<size_t>(kBN) * kLdV);
+};
+
+template <typename scalar_t, int kE, int kEv>
+__global__ void __launch_bounds__(kTcThreads)
+    attention_forward_tc_kernel(const AttentionParams p, scalar_t* __restrict__ out, float* __restrict__ lse,
+                                const bool* __restrict__ kv_finite) {
+  using Shape = ForwardShape<kE, kEv>;
+  constexpr int kMI = Shape::kMI, kBM = Shape::kBM, kBN = Shape::kBN, kNB = Shape::kNB;
+  constexpr int kLdK = Shape::kLdK, kLdV = Shape::kLdV;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t b = blockIdx.z, h = blockIdx.y;
+  // Causal blocks run from the longest rows down, so that the last wave is of short ones.
+  const int64_t i0 = static_cast<int64_t>(p.is_causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kBM;
+  const int64_t hk = h / p.group(), row0 = i0 + warp * 16 * kMI;
+  const bool flash = p.numerics == Numerics::kFlash;
+  const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  scalar_t* sQ = reinterpret_cast<scalar_t*>(smem);
+  scalar_t* sK = sQ + kBM * kLdK;
+  scalar_t* sV = sK + kBN * kLdK;
+
+  // Tiles past the causal frontier are skipped unless K or V holds a non-finite value, which
+  // PyTorch's math path carries into every row (NaN - inf, and zero weights times inf).
+  int64_t key_end = p.keys;
+  if (p.is_causal && kv_finite[b * p.kv_heads + hk]) {
+    const int64_t last_row = min(i0 + kBM, p.queries) - 1;
+    key_end = max(int64_t{0}, min(key_end, last_row + p.shard.query_start - p.shard.key_start + 1));
+  }
+  tile_to_smem_async<scalar_t, kBM, kE, kTcThreads>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E);
+  tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, 0, key_end, E);
+  cp_async_commit();
+
+  // m: running maximum of a row; l: this lane's part of its running denominator.
+  float o[kMI][kEv / 8][4] = {}, m[kMI][2], l[kMI][2] = {};
+#pragma unroll
+  for (int mi = 0; mi < kMI; ++mi) m[mi][0] = m[mi][1] = -INFINITY;
+  const DropoutRng rng = device_rng(p);
+
+  for (int64_t j0 = 0; j0 < key_end; j0 += kBN) {
+    __syncthreads();  // every warp is done with the previous V
+    tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV, p.v, p.v_strides, b, hk, j0, key_end, Ev);
+    cp_async_commit();
+    cp_async_wait<1>();  // Q and this K
+    __syncthreads();
+
+    float s[kMI][kNB][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < kE / 16; ++ks) {
+      if (ks * 16 >= E) break;
+      uint32_t a[kMI][4];
+#pragma unroll
+      for (int mi = 0; mi < kMI; ++mi) load_a<kLdK>(a[mi], sQ, warp * 16 * kMI + 16 * mi, 16 * ks);
+#pragma unroll
+      for (int nb = 0; nb < kNB; nb += 2) {
+        uint32_t bk[4];
+        load_b<kLdK>(bk, sK, 8 * nb, 16 * ks);
+#pragma unroll
+        for (int mi = 0; mi < kMI; ++mi) {
+          mma16816<scalar_t>(s[mi][nb], a[mi], bk[0], bk[1]);
+          mma16816<scalar_t>(s[mi][nb + 1], a[mi], bk[2], bk[3]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with this K
+    if (j0 + kBN < key_end) {
+      tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, j0 + kBN, key_end, E);
+    }
+    cp_async_commit();
+
+    fragment_scores<scalar_t>(p, s, b, h, row0, j0, tile_on_edge(p, row0, 16 * kMI, j0, kBN));
+    // m' = max(m, max_j s_ij);  l' = l base^(m - m') + sum_j P_ij;  o' = o base^(m - m') + (P∘M) V
+#pragma unroll
+    for (int mi = 0; mi < kMI; ++mi) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float row_max = -INFINITY;
+#pragma unroll
+        for (int nb = 0; nb < kNB; ++nb) row_max = max_nan(row_max, max_nan(s[mi][nb][2 * r], s[mi][nb][2 * r + 1]));
+        const float m_next = max_nan(m[mi][r], max4(row_max));
+        const float m_safe = m_next == -INFINITY ? 0.0f : m_next;  // no key yet: keep P finite
+        const float rescale = exp_base(m[mi][r] - m_safe, flash);
+        m[mi][r] = m_next;
+        float sum = 0;
+#pragma unroll
+        for (int nb = 0; nb < kNB; ++nb) {
+#pragma unroll
+          for (int e = 2 * r; e < 2 * r + 2; ++e) {
+            s[mi][nb][e] = exp_base(s[mi][nb][e] - m_safe, flash);
+            sum += s[mi][nb][e];
+          }
+        }
+        l[mi][r] = l[mi][r] * rescale + sum;
+#pragma unroll
+        for (int c = 0; c < kEv / 8; ++c) o[mi][c][2 * r] *= rescale, o[mi][c][2 * r + 1] *= rescale;
+      }
+    }
+    if (p.has_dropout) fragment_dropout(p, rng, s, b, h, row0, j0);
+
+    cp_async_wait<1>();  // this V
+    __syncthreads();
+    // Zero weights still multiply V: NaN/inf in V reach the row, as in PyTorch's math path.
+    // "exact" adds the product of P's rounding error, so that P reaches V at float32 accuracy.
+#pragma unroll
+    for (int kk = 0; kk < kNB / 2; ++kk) {
+      uint32_t a[kMI][4], a_low[kMI][4];
+#pragma unroll
+      for (int mi = 0; mi < kMI; ++mi) {
+        fragment_to_a<scalar_t>(a[mi], s[mi], kk, false);
+        if (!flash) fragment_to_a<scalar_t>(a_low[mi], s[mi], kk, true);
+      }
+#pragma unroll
+      for (int nv = 0; nv < kEv / 16; ++nv) {
+        if (nv * 16 >= Ev) break;
+        uint32_t bv[4];
+        load_b_trans<kLdV>(bv, sV, 16 * nv, 16 * kk);
+#pragma unroll
+        for (int mi = 0; mi < kMI; ++mi) {
+          mma16816<scalar_t>(o[mi][2 * nv], a[mi], bv[0], bv[1]);
+          mma16816<scalar_t>(o[mi][2 * nv + 1], a[mi], bv[2], bv[3]);
+          if (!flash) {
+            mma16816<scalar_t>(o[mi][2 * nv], a_low[mi], bv[0], bv[1]);
+            mma16816<scalar_t>(o[mi][2 * nv + 1], a_low[mi], bv[2], bv[3]);
+          }
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // o_i = acc_i / l_i (a row with no keys keeps acc: zeros, or NaN from V);  lse_i = m_i + log l_i
+  const int t = lane % 4;
+  const float kept = p.has_dropout ? static_cast<float>(p.rng.keep_scale) : 1.0f;
+  const float unit = static_cast<float>(p.score_unit());
+#pragma unroll
+  for (int mi = 0; mi < kMI; ++mi) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t i = row0 + 16 * mi + lane / 4 + 8 * r;
+      const float total = sum4(l[mi][r]);
+      if (i >= p.queries) continue;
+      const float m_safe = m[mi][r] == -INFINITY ? 0.0f : m[mi][r];
+      if (t == 0) lse[(b * p.heads + h) * p.queries + i] = m_safe / unit + logf(total);
+      const float denominator = total > 0 ? total : 1.0f;
+      const float factor = flash ? kept * (1.0f / denominator) : kept / denominator;
+      scalar_t* row = out + ((b * p.heads + h) * p.queries + i) * Ev;
+#pragma unroll
+      for (int c = 0; c < kEv / 8; ++c) {
+        store_pair(row, 8 * c + 2 * t, Ev, o[mi][c][2 * r] * factor, o[mi][c][2 * r + 1] * factor);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void attention_forward_tc(const AttentionProblem& pb, const at::Tensor& out, const at::Tensor& lse) {
+  const AttentionParams& p = pb.params;
+  const c10::cuda::CUDAGuard guard(out.device());
+  const at::Tensor kv_finite = keys_values_finite(pb);
+  AT_DISPATCH_REDUCED_FLOATING_TYPES(out.scalar_type(), "rudnn_attention_forward_tc", [&] {
+    dispatch_tc_dims(p.head_dim, p.value_dim, [&](auto e, auto ev) {
+      using Shape = ForwardShape<decltype(e)::value, decltype(ev)::value>;
+      launch_threads(attention_forward_tc_kernel<scalar_t, decltype(e)::value, decltype(ev)::value>,
+                     tile_grid(p.queries, Shape::kBM, p.heads, p.batch), kTcThreads, Shape::kSmem, p,
+                     out.data_ptr<scalar_t>(), lse.data_ptr<float>(),
+                     kv_finite.defined() ? kv_finite.const_data_ptr<bool>() : nullptr);
+    });
+  });
+}
+
+}  // namespace rudnn::cuda

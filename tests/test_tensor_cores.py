@@ -1,0 +1,117 @@
+"""The tensor-core path (float16/bfloat16 on CUDA): explain says when it runs, and it holds the
+float64 reference to FlashAttention's rule over the cases that exercise its tiling."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import case
+import reference as ref
+import rudnn
+from conftest import _CUDA_SKIP
+
+pytestmark = pytest.mark.skipif(_CUDA_SKIP is not None, reason=str(_CUDA_SKIP))
+
+
+def _inputs(E=64, Ev=None, dtype=torch.bfloat16, L=70, S=90, device="cuda"):
+    Ev = E if Ev is None else Ev
+    return (torch.randn(2, 4, L, E, device=device, dtype=dtype), torch.randn(2, 4, S, E, device=device, dtype=dtype),
+            torch.randn(2, 4, S, Ev, device=device, dtype=dtype))
+
+
+def test_explain_picks_tensor_cores():
+    e = rudnn.explain(*_inputs(128), is_causal=True)
+    assert e.forward.startswith("tensor-core forward") and "causal" in e.forward
+    assert e.backward.startswith("tensor-core backward")
+    e = rudnn.explain(*_inputs(192, 128), attn_mask=torch.randn(70, 90, device="cuda"))
+    assert e.forward.startswith("tensor-core forward") and "float mask" in e.forward
+    assert e.backward.startswith("CUDA-core backward") and "at most 128" in e.backward
+    assert "float mask's gradient" in e.backward
+
+
+def test_explain_says_why_not():
+    assert "float16/bfloat16" in rudnn.explain(*_inputs(64, dtype=torch.float32)).forward
+    assert "multiples of 8" in rudnn.explain(*_inputs(20)).forward
+    q, k, v = _inputs(64)
+    shifted = torch.randn(q.numel() + 1, device="cuda", dtype=q.dtype)[1:].view(q.shape)
+    assert "query is not read in place" in rudnn.explain(shifted, k, v).forward
+    assert "flash numerics only" in rudnn.explain(q, k, v, numerics="exact").backward
+    assert rudnn.explain(*(t.cpu() for t in (q, k, v))).forward.startswith("CPU kernels")
+
+
+def test_explain_follows_the_switch(monkeypatch):
+    monkeypatch.setenv("RUDNN_DISABLE_TENSOR_CORES", "1")
+    e = rudnn.explain(*_inputs(64))
+    assert e.forward.startswith("CUDA-core forward") and "RUDNN_DISABLE_TENSOR_CORES=1" in e.forward
+
+
+def _keep(B, H, L, S, p, seed, offset):
+    return rudnn.dropout_mask(B, H, L, S, p, seed, offset, dtype=torch.float64)
+
+
+# (q shape, k shape, v shape, keyword arguments): tile edges (1, 113, 203, 1023), head-dim buckets
+# and padding (32, 80 -> 96, 192/128, 256, E != Ev), GQA down to one KV head, masks, dropout.
+CASES = {
+    "plain 203x113 E=128": ((2, 3, 203, 128), (2, 3, 113, 128), (2, 3, 113, 128), {}),
+    "causal 1023 E=64": ((1, 2, 1023, 64), (1, 2, 1023, 64), (1, 2, 1023, 64), dict(is_causal=True)),
+    "causal L<S": ((1, 2, 40, 64), (1, 2, 300, 64), (1, 2, 300, 64), dict(is_causal=True)),
+    "causal L>S": ((1, 2, 300, 64), (1, 2, 40, 64), (1, 2, 40, 64), dict(is_causal=True)),
+    "L=1": ((2, 2, 1, 64), (2, 2, 77, 64), (2, 2, 77, 64), {}),
+    "S=1": ((2, 2, 77, 64), (2, 2, 1, 64), (2, 2, 1, 64), {}),
+    "E=32": ((2, 2, 100, 32), (2, 2, 130, 32), (2, 2, 130, 32), {}),
+    "E=80 padded": ((2, 2, 100, 80), (2, 2, 130, 80), (2, 2, 130, 80), dict(is_causal=True)),
+    "E=64 Ev=32": ((2, 2, 100, 64), (2, 2, 130, 64), (2, 2, 130, 32), {}),
+    "E=192 Ev=128": ((1, 2, 150, 192), (1, 2, 170, 192), (1, 2, 170, 128), {}),
+    "E=256": ((1, 2, 150, 256), (1, 2, 170, 256), (1, 2, 170, 256), dict(is_causal=True)),
+    "GQA 8/1": ((2, 8, 90, 64), (2, 1, 110, 64), (2, 1, 110, 64), dict(enable_gqa=True)),
+    "GQA 8/2 causal": ((1, 8, 130, 128), (1, 2, 130, 128), (1, 2, 130, 128), dict(enable_gqa=True, is_causal=True)),
+    "bool mask": ((2, 2, 113, 64), (2, 2, 203, 64), (2, 2, 203, 64), dict(mask=("bool", (113, 203)))),
+    "float mask grad": ((2, 2, 113, 64), (2, 2, 203, 64), (2, 2, 203, 64),
+                        dict(mask=("float", (2, 1, 113, 203)), mask_grad=True)),
+    "transposed": ((2, 4, 100, 64), (2, 4, 120, 64), (2, 4, 120, 64), dict(kind="transposed", is_causal=True)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", list(CASES))
+def test_tensor_core_cases(dtype, name):
+    q_shape, k_shape, v_shape, kwargs = CASES[name]
+    kwargs = dict(kwargs)
+    if "mask" in kwargs:
+        kind, shape = kwargs.pop("mask")
+        kwargs["attn_mask"] = torch.rand(shape) > 0.3 if kind == "bool" else torch.randn(shape, dtype=torch.float64)
+    probe = [torch.empty(s, device="cuda", dtype=dtype) for s in (q_shape, k_shape, v_shape)]
+    assert rudnn.explain(*probe, enable_gqa=kwargs.get("enable_gqa", False)).forward.startswith("tensor-core")
+    case.run("cuda", dtype, q_shape, k_shape, v_shape, **kwargs)
+
+
+@pytest.mark.parametrize("gqa", [False, True])
+def test_tensor_core_dropout(gqa):
+    B, H, L, S, E, p, seed, offset = 2, 4, 150, 170, 64, 0.2, 1234, 77
+    hk = 2 if gqa else H
+    case.run("cuda", torch.bfloat16, (B, H, L, E), (B, hk, S, E), (B, hk, S, E), enable_gqa=gqa,
+             dropout=(p, seed, offset), keep=_keep(B, H, L, S, p, seed, offset))
+
+
+def test_tensor_core_exact_numerics_halve_flash_error():
+    # numerics="exact" carries P to V at float32 accuracy: its forward error is at most half of
+    # torch's flash backend's, measured from the correctly rounded result (whose own rounding is
+    # the error floor of any bfloat16 output).
+    q, k, v = (torch.randn(4, 8, 512, 128, dtype=torch.float64).to(torch.bfloat16).cuda() for _ in range(3))
+    expected = ref.attention(*(t.double().cpu() for t in (q, k, v)))[0].to(torch.bfloat16).double()
+    exact = rudnn.scaled_dot_product_attention(q, k, v, numerics="exact")
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+        flash = F.scaled_dot_product_attention(q, k, v)
+    error = {name: (x.double().cpu() - expected).abs().mean().item() for name, x in [("exact", exact), ("flash", flash)]}
+    assert error["exact"] <= 0.5 * error["flash"], error
+
+
+def test_tensor_core_backward_is_deterministic():
+    q, k, v = (torch.randn(2, 8, 300, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    k2, v2 = k[:, :2].detach().requires_grad_(), v[:, :2].detach().requires_grad_()
+    grad = torch.randn(2, 8, 300, 64, device="cuda", dtype=torch.bfloat16)
+    runs = []
+    for _ in range(50):
+        out = rudnn.scaled_dot_product_attention(q, k2, v2, dropout_p=0.2, enable_gqa=True, dropout_seed=7,
+                                                 is_causal=True)
+        runs.append(torch.autograd.grad(out, (q, k2, v2), grad))
+    assert all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
