@@ -2,6 +2,7 @@
 // Compiled for host and device so that CPU and CUDA produce the same bits.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -63,6 +64,11 @@ struct DropoutRng {
   RUDNN_HOST_DEVICE bool keep(uint32_t word) const {
     const float u = static_cast<float>(word >> 8) * (1.0f / 16777216.0f);
     return p < 1.0f && u >= p;
+  }
+  // The same decision as an integer threshold: keep(word) == (word >> 8) >= keep_threshold(), since
+  // (word >> 8) * 2^-24 is exact and p * 2^24 is exact in float32.
+  RUDNN_HOST_DEVICE uint32_t keep_threshold() const {
+    return p < 1.0f ? static_cast<uint32_t>(ceilf(p * 16777216.0f)) : 16777216u;
   }
   RUDNN_HOST_DEVICE bool keep_at(uint64_t pos) const {
     return keep(block(pos).x[pos & 3]);

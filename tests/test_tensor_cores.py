@@ -84,12 +84,16 @@ def test_tensor_core_cases(dtype, name):
     case.run("cuda", dtype, q_shape, k_shape, v_shape, **kwargs)
 
 
-@pytest.mark.parametrize("gqa", [False, True])
-def test_tensor_core_dropout(gqa):
-    B, H, L, S, E, p, seed, offset = 2, 4, 150, 170, 64, 0.2, 1234, 77
+# S = 170: a row's dropout positions start inside a Philox block; S = 160 and 256: on one, where
+# lanes share blocks. One case adds a bool mask to the dropout.
+@pytest.mark.parametrize("gqa,S,extra", [(False, 170, False), (True, 170, False), (False, 160, False),
+                                         (True, 256, True)])
+def test_tensor_core_dropout(gqa, S, extra):
+    B, H, L, E, p, seed, offset = 2, 4, 150, 64, 0.2, 1234, 77
     hk = 2 if gqa else H
+    kwargs = dict(attn_mask=torch.rand(L, S) > 0.2) if extra else {}
     case.run("cuda", torch.bfloat16, (B, H, L, E), (B, hk, S, E), (B, hk, S, E), enable_gqa=gqa,
-             dropout=(p, seed, offset), keep=_keep(B, H, L, S, p, seed, offset))
+             dropout=(p, seed, offset), keep=_keep(B, H, L, S, p, seed, offset), **kwargs)
 
 
 def test_tensor_core_exact_numerics_halve_flash_error():

@@ -26,27 +26,29 @@ struct BackwardShape {
   // One tile of each operand the block owns, two of each it streams (row-major 16-bit tiles).
   static constexpr size_t kTileBytes = 2 * static_cast<size_t>(kRowsPerTile) * (kLdK + kLdV);
   static constexpr size_t kSmem = 3 * kTileBytes + 2 * 2 * kRowsPerTile * sizeof(float);
+  static constexpr size_t kMaskSmem = sizeof(float) * kRowsPerTile * mask_tile_ld<kRowsPerTile>();  // with a mask
 };
 
-// P (zero where dropout drops) into s, dS = P (M dP - D) into dp, for a warp's fragment tile of
-// query rows [row0, ...) and keys [j0, ...); lse and delta of the fragment's rows (lse * unit,
-// +inf where a row has no keys or is past the end).
+// P (zero where dropout drops) into s, dS = P (M dP - D) into dp, for a warp's fragment tile;
+// lse and delta of the fragment's rows (lse * kTcUnit, +inf where a row has no keys or is past
+// the end); keep: fragment_keep_bits of the tile, read only with dropout.
 template <int kMI, int kNB>
-__device__ __forceinline__ void fragment_gradients(const AttentionParams& p, const DropoutRng& rng,
-                                                   float (&s)[kMI][kNB][4], float (&dp)[kMI][kNB][4],
-                                                   const float (&lse)[kMI][2], const float (&delta)[kMI][2],
-                                                   int64_t b, int64_t h, int64_t row0, int64_t j0) {
-  const bool flash = p.numerics == Numerics::kFlash;
-  for_each_pair<kMI, kNB>(row0, j0, [&](int mi, int nb, int r, int64_t i, int64_t j) {
-    float keep[2] = {1.0f, 1.0f};
-    if (p.has_dropout && i < p.queries) dropout_run<2>(rng, p.shard.row_position(b, h, i) + static_cast<uint64_t>(j), keep);
+__device__ __forceinline__ void fragment_gradients(const AttentionParams& p, float (&s)[kMI][kNB][4],
+                                                   float (&dp)[kMI][kNB][4], const float (&lse)[kMI][2],
+                                                   const float (&delta)[kMI][2], const uint32_t (&keep)[kMI]) {
+  const float kept = static_cast<float>(p.rng.keep_scale);
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const float prob = exp_base(s[mi][nb][2 * r + e] - lse[mi][r], flash);
-      dp[mi][nb][2 * r + e] = prob * (dp[mi][nb][2 * r + e] * keep[e] - delta[mi][r]);
-      s[mi][nb][2 * r + e] = keep[e] == 0.0f ? 0.0f : prob;
-    }
-  });
+  for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+    for (int nb = 0; nb < kNB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float prob = exp2_ftz(s[mi][nb][e] - lse[mi][e / 2]);
+        const bool dropped = p.has_dropout && !((keep[mi] >> (4 * nb + e)) & 1);
+        const float m = p.has_dropout ? (dropped ? 0.0f : kept) : 1.0f;
+        dp[mi][nb][e] = prob * (dp[mi][nb][e] * m - delta[mi][e / 2]);
+        s[mi][nb][e] = dropped ? 0.0f : prob;
+      }
 }
 
 // acc[kMI][kNB][4] += A B for a warp's 16 kMI rows: A from shared tile sA (rows by k, rows from
@@ -121,6 +123,8 @@ __global__ void __launch_bounds__(kTcThreads)
   scalar_t* sDO = sQ + kRowsPerTile * kLdK;
   scalar_t* sK[2] = {sDO + kRowsPerTile * kLdV, sDO + kRowsPerTile * kLdV + kBN * (kLdK + kLdV)};
   scalar_t* sV[2] = {sK[0] + kBN * kLdK, sK[1] + kBN * kLdK};
+  float* sMask = reinterpret_cast<float*>(smem + Shape::kSmem);
+  const bool masked = p.mask_kind != MaskKind::kNone, aligned = dropout_blocks_aligned(p);
 
   int64_t key_end = p.keys;
   if (p.is_causal && a.kv_finite[b * p.kv_heads + hk]) {
@@ -151,11 +155,18 @@ __global__ void __launch_bounds__(kTcThreads)
       tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV[buf ^ 1], p.v, p.v_strides, b, hk, j0 + kBN, key_end, Ev);
     }
     cp_async_commit();
+    if (masked) mask_tile_to_smem<scalar_t, kRowsPerTile, kBN>(p, sMask, b, h, i0, j0);
     float s[1][kNB][4] = {}, dp[1][kNB][4] = {};
     gemm_smem_nt<scalar_t, 1, kNB, kE, kLdK, kLdK>(s, sQ, 16 * warp, sK[buf], 0, E);
     gemm_smem_nt<scalar_t, 1, kNB, kEv, kLdV, kLdV>(dp, sDO, 16 * warp, sV[buf], 0, Ev);
-    fragment_scores<scalar_t>(p, s, b, h, row0, j0, tile_on_edge(p, row0, 16, j0, kBN));
-    fragment_gradients(p, rng, s, dp, lse, delta, b, h, row0, j0);
+    fragment_scores(p, s, row0, j0, tile_on_edge(p, row0, 16, j0, kBN));
+    if (masked) {
+      __syncthreads();  // the mask tile is in
+      fragment_add_mask<1, kNB, mask_tile_ld<kBN>()>(s, sMask, 16 * warp, 0);
+    }
+    uint32_t keep[1] = {};
+    if (p.has_dropout) fragment_keep_bits<1, kNB>(p, rng, keep, b, h, row0, j0, aligned);
+    fragment_gradients(p, s, dp, lse, delta, keep);
     // dQ_i += sum_j dS_ij K_j
 #pragma unroll
     for (int kk = 0; kk < kNB / 2; ++kk) {
@@ -221,6 +232,8 @@ __global__ void __launch_bounds__(kTcThreads)
   scalar_t* sQ[2] = {sV + kRowsPerTile * kLdV, sV + kRowsPerTile * kLdV + kBM * (kLdK + kLdV)};
   scalar_t* sDO[2] = {sQ[0] + kBM * kLdK, sQ[1] + kBM * kLdK};
   float* sStats = reinterpret_cast<float*>(sK + 3 * kRowsPerTile * (kLdK + kLdV));  // [2][lse, delta][kBM]
+  float* sMask = reinterpret_cast<float*>(smem + Shape::kSmem);
+  const bool masked = p.mask_kind != MaskKind::kNone, aligned = dropout_blocks_aligned(p);
 
   // Query tiles before the causal frontier of the first key see none of these keys.
   int64_t first_tile = 0;
@@ -258,6 +271,7 @@ __global__ void __launch_bounds__(kTcThreads)
     __syncthreads();  // this step has landed, and every warp is done with the other buffer
     if (u + 1 < steps) load_step(u + 1);
     cp_async_commit();
+    if (masked) mask_tile_to_smem<scalar_t, kBM, kRowsPerTile>(p, sMask, b, h, i0, j0);
 
     float s[kMI][2][4] = {}, dp[kMI][2][4] = {};
     gemm_smem_nt<scalar_t, kMI, 2, kE, kLdK, kLdK>(s, sQ[buf], 0, sK, 16 * warp, E);
@@ -271,8 +285,14 @@ __global__ void __launch_bounds__(kTcThreads)
         lse[mi][r] = stats[16 * mi + lane / 4 + 8 * r];
         delta[mi][r] = stats[kBM + 16 * mi + lane / 4 + 8 * r];
       }
-    fragment_scores<scalar_t>(p, s, b, h, i0, kw0, tile_on_edge(p, i0, kBM, kw0, 16));
-    fragment_gradients(p, rng, s, dp, lse, delta, b, h, i0, kw0);
+    fragment_scores(p, s, i0, kw0, tile_on_edge(p, i0, kBM, kw0, 16));
+    if (masked) {
+      __syncthreads();  // the mask tile is in
+      fragment_add_mask<kMI, 2, mask_tile_ld<kRowsPerTile>()>(s, sMask, 0, 16 * warp);
+    }
+    uint32_t keep[kMI] = {};
+    if (p.has_dropout) fragment_keep_bits<kMI, 2>(p, rng, keep, b, h, i0, kw0, aligned);
+    fragment_gradients(p, s, dp, lse, delta, keep);
     // dV_j += sum_i (P∘M)_ij dO_i;  dK_j += sum_i dS_ij Q_i   (k runs over the tile's queries)
 #pragma unroll
     for (int mi = 0; mi < kMI; ++mi) {
@@ -320,11 +340,12 @@ void attention_backward_tc(const AttentionProblem& pb, BackwardTensors& t, const
       constexpr int kE = decltype(e)::value, kEv = decltype(ev)::value;
       if constexpr (kE <= 128 && kEv <= 128) {
         using Shape = BackwardShape<kE, kEv>;
+        const size_t smem = Shape::kSmem + (p.mask_kind == MaskKind::kNone ? 0 : Shape::kMaskSmem);
         launch_threads(attention_dq_tc_kernel<scalar_t, kE, kEv>,
-                       tile_grid(p.queries, kRowsPerTile, p.heads, p.batch), kTcThreads, Shape::kSmem, p, a,
+                       tile_grid(p.queries, kRowsPerTile, p.heads, p.batch), kTcThreads, smem, p, a,
                        dq.data_ptr<scalar_t>());
         launch_threads(attention_dkdv_tc_kernel<scalar_t, kE, kEv>,
-                       tile_grid(p.keys, kRowsPerTile, p.kv_heads, p.batch), kTcThreads, Shape::kSmem, p, a,
+                       tile_grid(p.keys, kRowsPerTile, p.kv_heads, p.batch), kTcThreads, smem, p, a,
                        dk.data_ptr<scalar_t>(), dv.data_ptr<scalar_t>(),
                        round_per_head ? group_sums.data_ptr<float>() : nullptr);
       } else {

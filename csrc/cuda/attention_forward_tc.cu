@@ -2,7 +2,8 @@
 // kBM query rows of one head, each warp 16 kMI of them; key/value tiles of kBN rows stream
 // through shared memory by cp.async, K of the next tile loading while this tile's softmax and
 // P V run. Scores, probabilities and the output stay in registers: the score fragments, rounded
-// to 16 bits, are the A operand of P V (mma.cuh).
+// to 16 bits, are the A operand of P V (mma.cuh). A mask comes in as a float tile per key tile
+// (tensor_core.cuh), dropout as keep bits drawn once per Philox block.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -20,7 +21,38 @@ struct ForwardShape {
   static constexpr int kBM = 16 * kMI * kTcWarps, kBN = 64, kNB = kBN / 8;
   static constexpr int kLdK = tc_ld<kE>(), kLdV = tc_ld<kEv>();
   static constexpr size_t kSmem = 2 * (static_cast<size_t>(kBM + kBN) * kLdK + static_cast<size_t>(kBN) * kLdV);
+  static constexpr size_t kMaskSmem = sizeof(float) * kBM * mask_tile_ld<kBN>();  // only with a mask
 };
+
+// o += P V for a warp's 16 kMI rows, P rounded to 16 bits; with kSplit also (P - round(P)) V.
+template <typename scalar_t, int kMI, int kNB, int kEv, int kLdV, bool kSplit>
+__device__ __forceinline__ void probabilities_times_v(float (&o)[kMI][kEv / 8][4], const float (&s)[kMI][kNB][4],
+                                                      const scalar_t* sV, int Ev) {
+#pragma unroll
+  for (int kk = 0; kk < kNB / 2; ++kk) {
+    uint32_t a[kMI][4], a_low[kMI][4];
+#pragma unroll
+    for (int mi = 0; mi < kMI; ++mi) {
+      fragment_to_a<scalar_t>(a[mi], s[mi], kk, false);
+      if constexpr (kSplit) fragment_to_a<scalar_t>(a_low[mi], s[mi], kk, true);
+    }
+#pragma unroll
+    for (int nv = 0; nv < kEv / 16; ++nv) {
+      if (nv * 16 >= Ev) break;
+      uint32_t bv[4];
+      load_b_trans<kLdV>(bv, sV, 16 * nv, 16 * kk);
+#pragma unroll
+      for (int mi = 0; mi < kMI; ++mi) {
+        mma16816<scalar_t>(o[mi][2 * nv], a[mi], bv[0], bv[1]);
+        mma16816<scalar_t>(o[mi][2 * nv + 1], a[mi], bv[2], bv[3]);
+        if constexpr (kSplit) {
+          mma16816<scalar_t>(o[mi][2 * nv], a_low[mi], bv[0], bv[1]);
+          mma16816<scalar_t>(o[mi][2 * nv + 1], a_low[mi], bv[2], bv[3]);
+        }
+      }
+    }
+  }
+}
 
 template <typename scalar_t, int kE, int kEv>
 __global__ void __launch_bounds__(kTcThreads)
@@ -41,6 +73,9 @@ __global__ void __launch_bounds__(kTcThreads)
   scalar_t* sQ = reinterpret_cast<scalar_t*>(smem);
   scalar_t* sK = sQ + kBM * kLdK;
   scalar_t* sV = sK + kBN * kLdK;
+  float* sMask = reinterpret_cast<float*>(sV + kBN * kLdV);
+  const bool masked = p.mask_kind != MaskKind::kNone;
+  const bool aligned = dropout_blocks_aligned(p);
 
   // Tiles past the causal frontier are skipped unless K or V holds a non-finite value, which
   // PyTorch's math path carries into every row (NaN - inf, and zero weights times inf).
@@ -63,6 +98,7 @@ __global__ void __launch_bounds__(kTcThreads)
     __syncthreads();  // every warp is done with the previous V
     tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV, p.v, p.v_strides, b, hk, j0, key_end, Ev);
     cp_async_commit();
+    if (masked) mask_tile_to_smem<scalar_t, kBM, kBN>(p, sMask, b, h, i0, j0);
     cp_async_wait<1>();  // Q and this K
     __syncthreads();
 
@@ -90,8 +126,11 @@ __global__ void __launch_bounds__(kTcThreads)
     }
     cp_async_commit();
 
-    fragment_scores<scalar_t>(p, s, b, h, row0, j0, tile_on_edge(p, row0, 16 * kMI, j0, kBN));
-    // m' = max(m, max_j s_ij);  l' = l base^(m - m') + sum_j P_ij;  o' = o base^(m - m') + (P∘M) V
+    fragment_scores(p, s, row0, j0, tile_on_edge(p, row0, 16 * kMI, j0, kBN));
+    if (masked) fragment_add_mask<kMI, kNB, mask_tile_ld<kBN>()>(s, sMask, warp * 16 * kMI, 0);
+    uint32_t keep[kMI] = {};
+    if (p.has_dropout) fragment_keep_bits<kMI, kNB>(p, rng, keep, b, h, row0, j0, aligned);
+    // m' = max(m, max_j s_ij);  l' = l 2^(m - m') + sum_j P_ij;  o' = o 2^(m - m') + (P∘M) V
 #pragma unroll
     for (int mi = 0; mi < kMI; ++mi) {
 #pragma unroll
@@ -101,15 +140,16 @@ __global__ void __launch_bounds__(kTcThreads)
         for (int nb = 0; nb < kNB; ++nb) row_max = max_nan(row_max, max_nan(s[mi][nb][2 * r], s[mi][nb][2 * r + 1]));
         const float m_next = max_nan(m[mi][r], max4(row_max));
         const float m_safe = m_next == -INFINITY ? 0.0f : m_next;  // no key yet: keep P finite
-        const float rescale = exp_base(m[mi][r] - m_safe, flash);
+        const float rescale = exp2_ftz(m[mi][r] - m_safe);
         m[mi][r] = m_next;
         float sum = 0;
 #pragma unroll
         for (int nb = 0; nb < kNB; ++nb) {
 #pragma unroll
           for (int e = 2 * r; e < 2 * r + 2; ++e) {
-            s[mi][nb][e] = exp_base(s[mi][nb][e] - m_safe, flash);
+            s[mi][nb][e] = exp2_ftz(s[mi][nb][e] - m_safe);
             sum += s[mi][nb][e];
+            if (p.has_dropout && !((keep[mi] >> (4 * nb + e)) & 1)) s[mi][nb][e] = 0.0f;
           }
         }
         l[mi][r] = l[mi][r] * rescale + sum;
@@ -117,35 +157,15 @@ __global__ void __launch_bounds__(kTcThreads)
         for (int c = 0; c < kEv / 8; ++c) o[mi][c][2 * r] *= rescale, o[mi][c][2 * r + 1] *= rescale;
       }
     }
-    if (p.has_dropout) fragment_dropout(p, rng, s, b, h, row0, j0);
 
     cp_async_wait<1>();  // this V
     __syncthreads();
     // Zero weights still multiply V: NaN/inf in V reach the row, as in PyTorch's math path.
     // "exact" adds the product of P's rounding error, so that P reaches V at float32 accuracy.
-#pragma unroll
-    for (int kk = 0; kk < kNB / 2; ++kk) {
-      uint32_t a[kMI][4], a_low[kMI][4];
-#pragma unroll
-      for (int mi = 0; mi < kMI; ++mi) {
-        fragment_to_a<scalar_t>(a[mi], s[mi], kk, false);
-        if (!flash) fragment_to_a<scalar_t>(a_low[mi], s[mi], kk, true);
-      }
-#pragma unroll
-      for (int nv = 0; nv < kEv / 16; ++nv) {
-        if (nv * 16 >= Ev) break;
-        uint32_t bv[4];
-        load_b_trans<kLdV>(bv, sV, 16 * nv, 16 * kk);
-#pragma unroll
-        for (int mi = 0; mi < kMI; ++mi) {
-          mma16816<scalar_t>(o[mi][2 * nv], a[mi], bv[0], bv[1]);
-          mma16816<scalar_t>(o[mi][2 * nv + 1], a[mi], bv[2], bv[3]);
-          if (!flash) {
-            mma16816<scalar_t>(o[mi][2 * nv], a_low[mi], bv[0], bv[1]);
-            mma16816<scalar_t>(o[mi][2 * nv + 1], a_low[mi], bv[2], bv[3]);
-          }
-        }
-      }
+    if (flash) {
+      probabilities_times_v<scalar_t, kMI, kNB, kEv, kLdV, false>(o, s, sV, Ev);
+    } else {
+      probabilities_times_v<scalar_t, kMI, kNB, kEv, kLdV, true>(o, s, sV, Ev);
     }
   }
   cp_async_wait<0>();
@@ -153,7 +173,6 @@ __global__ void __launch_bounds__(kTcThreads)
   // o_i = acc_i / l_i (a row with no keys keeps acc: zeros, or NaN from V);  lse_i = m_i + log l_i
   const int t = lane % 4;
   const float kept = p.has_dropout ? static_cast<float>(p.rng.keep_scale) : 1.0f;
-  const float unit = static_cast<float>(p.score_unit());
 #pragma unroll
   for (int mi = 0; mi < kMI; ++mi) {
 #pragma unroll
@@ -162,7 +181,7 @@ __global__ void __launch_bounds__(kTcThreads)
       const float total = sum4(l[mi][r]);
       if (i >= p.queries) continue;
       const float m_safe = m[mi][r] == -INFINITY ? 0.0f : m[mi][r];
-      if (t == 0) lse[(b * p.heads + h) * p.queries + i] = m_safe / unit + logf(total);
+      if (t == 0) lse[(b * p.heads + h) * p.queries + i] = m_safe / kTcUnit + logf(total);
       const float denominator = total > 0 ? total : 1.0f;
       const float factor = flash ? kept * (1.0f / denominator) : kept / denominator;
       scalar_t* row = out + ((b * p.heads + h) * p.queries + i) * Ev;
@@ -184,7 +203,8 @@ void attention_forward_tc(const AttentionProblem& pb, const at::Tensor& out, con
     dispatch_tc_dims(p.head_dim, p.value_dim, [&](auto e, auto ev) {
       using Shape = ForwardShape<decltype(e)::value, decltype(ev)::value>;
       launch_threads(attention_forward_tc_kernel<scalar_t, decltype(e)::value, decltype(ev)::value>,
-                     tile_grid(p.queries, Shape::kBM, p.heads, p.batch), kTcThreads, Shape::kSmem, p,
+                     tile_grid(p.queries, Shape::kBM, p.heads, p.batch), kTcThreads,
+                     Shape::kSmem + (p.mask_kind == MaskKind::kNone ? 0 : Shape::kMaskSmem), p,
                      out.data_ptr<scalar_t>(), lse.data_ptr<float>(),
                      kv_finite.defined() ? kv_finite.const_data_ptr<bool>() : nullptr);
     });

@@ -34,6 +34,16 @@ template <typename T>
 __device__ __forceinline__ T max_nan(T a, T b) {
   return (a != a || a > b) ? a : b;
 }
+// sm80+ has it as one instruction.
+__device__ __forceinline__ float max_nan(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return (a != a || a > b) ? a : b;
+#endif
+}
 
 // Reductions over the 16 lanes of a half-warp, which share a row of a score tile.
 template <typename T>

@@ -41,16 +41,30 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // rows [row0, row0 + kRows) x columns [0, kCols) of a canonical tensor into a padded tile;
-// rows past `rows` and columns past `cols` (a multiple of 8) read as zeros.
+// rows past `rows` and columns past `cols` (a multiple of 8) read as zeros. Where the block's
+// threads cover whole rows, a thread keeps one column chunk and steps down the rows.
 template <typename scalar_t, int kRows, int kCols, int kThreadCount>
 __device__ __forceinline__ void tile_to_smem_async(scalar_t* tile, const void* base, const Strides4& s, int64_t b,
                                                    int64_t h, int64_t row0, int64_t rows, int cols) {
   constexpr int kChunks = kCols / 8;
-  for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreadCount) {
-    const int r = idx / kChunks, c = idx % kChunks;
-    const bool valid = row0 + r < rows && c * 8 < cols;
-    const scalar_t* src = valid ? at_row<scalar_t>(base, s, b, h, row0 + r) + c * 8 : static_cast<const scalar_t*>(base);
-    cp_async16(tile + r * tc_ld<kCols>() + c * 8, src, valid);
+  if constexpr (kThreadCount % kChunks == 0) {
+    constexpr int kStep = kThreadCount / kChunks;
+    const int r0 = threadIdx.x / kChunks, c = threadIdx.x % kChunks;
+    const scalar_t* src = at_row<scalar_t>(base, s, b, h, row0 + r0) + c * 8;
+    const bool column_valid = c * 8 < cols;
+#pragma unroll
+    for (int r = r0; r < kRows; r += kStep, src += kStep * s.row) {
+      const bool valid = column_valid && row0 + r < rows;
+      cp_async16(tile + r * tc_ld<kCols>() + c * 8, valid ? src : static_cast<const scalar_t*>(base), valid);
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreadCount) {
+      const int r = idx / kChunks, c = idx % kChunks;
+      const bool valid = row0 + r < rows && c * 8 < cols;
+      const scalar_t* src =
+          valid ? at_row<scalar_t>(base, s, b, h, row0 + r) + c * 8 : static_cast<const scalar_t*>(base);
+      cp_async16(tile + r * tc_ld<kCols>() + c * 8, src, valid);
+    }
   }
 }
 
@@ -128,6 +142,14 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 template <typename scalar_t>
 __device__ __forceinline__ uint32_t pack2_low(float lo, float hi) {
   return pack2<scalar_t>(lo - round_to<scalar_t>(lo), hi - round_to<scalar_t>(hi));
+}
+
+// 2^x with subnormal results flushed to zero: the kernels' probabilities are at most 1 and the
+// largest of a row is at least 1/S, so nothing below 2^-126 counts.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // Quad reductions: the four lanes 4g..4g+3 of a warp share the rows of a C fragment.
