@@ -13,10 +13,9 @@ namespace rudnn {
 namespace {
 
 constexpr int64_t kMaxTensorCoreWidth = 256;
-constexpr int64_t kMaxTensorCoreBackwardWidth = 128;
 
 // The reason the tensor-core kernels cannot take the problem, or "" where they can.
-std::string tensor_core_obstacle(const AttentionProblem& pb, int64_t max_width) {
+std::string tensor_core_obstacle(const AttentionProblem& pb) {
   const AttentionParams& p = pb.params;
   const at::ScalarType dtype = pb.q.scalar_type();
   if (dtype != at::kHalf && dtype != at::kBFloat16) {
@@ -31,21 +30,9 @@ std::string tensor_core_obstacle(const AttentionProblem& pb, int64_t max_width) 
     return "the device is sm_" + std::to_string(prop->major * 10 + prop->minor) + "; mma.sync needs sm_80 or newer";
   }
 #endif
-  if (p.head_dim % 8 != 0 || p.value_dim % 8 != 0) {
-    return "E = " + std::to_string(p.head_dim) + " and Ev = " + std::to_string(p.value_dim) +
-           " must be multiples of 8 (16-byte rows)";
-  }
-  if (std::max(p.head_dim, p.value_dim) > max_width) {
-    return "E and Ev must be at most " + std::to_string(max_width) + " here, but are " + std::to_string(p.head_dim) +
-           " and " + std::to_string(p.value_dim);
-  }
-  const char* names[3] = {"query", "key", "value"};
-  const at::Tensor* operands[3] = {&pb.q, &pb.k, &pb.v};
-  for (int n = 0; n < 3; ++n) {
-    if (!tensor_core_operand(*operands[n])) {
-      return std::string(names[n]) + " is not read in place: its rows must be contiguous, 16-byte aligned, " +
-             "with strides that are multiples of 8 elements";
-    }
+  if (std::max(p.head_dim, p.value_dim) > kMaxTensorCoreWidth) {
+    return "E and Ev must be at most " + std::to_string(kMaxTensorCoreWidth) + ", but are " +
+           std::to_string(p.head_dim) + " and " + std::to_string(p.value_dim);
   }
   if (p.batch > 65535 || std::max(p.heads, p.kv_heads) > 65535) return "more than 65535 batch entries or heads";
   return "";
@@ -63,33 +50,40 @@ std::string features(const AttentionProblem& pb) {
   return s;
 }
 
+// The operands the tensor-core kernels copy element by element rather than by cp.async.
+std::string slow_operands(const AttentionProblem& pb) {
+  const AttentionParams& p = pb.params;
+  std::string names;
+  const auto check = [&](const char* name, const void* base, const Strides4& s, int64_t cols) {
+    if (!rows_in_16_byte_chunks(base, s, cols)) names += names.empty() ? name : std::string(", ") + name;
+  };
+  check("query", p.q, p.q_strides, p.head_dim);
+  check("key", p.k, p.k_strides, p.head_dim);
+  check("value", p.v, p.v_strides, p.value_dim);
+  if (names.empty()) return "";
+  return "; " + names +
+         " read element by element: rows that are not contiguous, 16-byte aligned and a multiple of 8 long";
+}
+
 KernelChoice choose(const AttentionProblem& pb, const std::string& obstacle, const char* tensor_core_name,
                     const char* cuda_core_name) {
   if (!pb.q.is_cuda()) return {false, "CPU kernels (" + features(pb) + ")"};
-  if (obstacle.empty()) return {true, std::string(tensor_core_name) + " (" + features(pb) + ")"};
+  if (obstacle.empty()) return {true, std::string(tensor_core_name) + " (" + features(pb) + ")" + slow_operands(pb)};
   return {false, std::string(cuda_core_name) + " (" + features(pb) + "), because " + obstacle};
 }
 
 }  // namespace
 
-bool tensor_core_operand(const at::Tensor& t) {
-  const auto aligned = [&](int d) { return t.size(d) == 1 || t.stride(d) % 8 == 0; };
-  return (t.size(3) == 1 || t.stride(3) == 1) && aligned(0) && aligned(1) && aligned(2) &&
-         reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
-}
-
 KernelChoice forward_kernels(const AttentionProblem& pb) {
-  return choose(pb, tensor_core_obstacle(pb, kMaxTensorCoreWidth), "tensor-core forward (mma.sync)",
-                "CUDA-core forward");
+  return choose(pb, tensor_core_obstacle(pb), "tensor-core forward (mma.sync)", "CUDA-core forward");
 }
 
 KernelChoice backward_kernels(const AttentionProblem& pb) {
-  std::string obstacle = tensor_core_obstacle(pb, kMaxTensorCoreBackwardWidth);
+  std::string obstacle = tensor_core_obstacle(pb);
   if (obstacle.empty() && pb.params.numerics == Numerics::kExact) {
     obstacle = "the tensor-core backward computes in flash numerics only";
   }
-  return choose(pb, obstacle, "tensor-core backward (mma.sync: dQ, then dK/dV per key tile)",
-                "CUDA-core backward");
+  return choose(pb, obstacle, "tensor-core backward (mma.sync: dQ, then dK/dV per key tile)", "CUDA-core backward");
 }
 
 }  // namespace rudnn

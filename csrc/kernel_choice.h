@@ -2,8 +2,6 @@
 // what explain says is what runs.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
 #include <string>
 
 #include "attention_problem.h"
@@ -17,9 +15,5 @@ struct KernelChoice {
 
 KernelChoice forward_kernels(const AttentionProblem& pb);
 KernelChoice backward_kernels(const AttentionProblem& pb);
-
-// Whether the tensor-core kernels can read `t` in place: 16-byte aligned rows of contiguous
-// elements (cp.async moves 16 bytes at a time).
-bool tensor_core_operand(const at::Tensor& t);
 
 }  // namespace rudnn

@@ -24,16 +24,18 @@ def test_explain_picks_tensor_cores():
     assert e.backward.startswith("tensor-core backward")
     e = rudnn.explain(*_inputs(192, 128), attn_mask=torch.randn(70, 90, device="cuda"))
     assert e.forward.startswith("tensor-core forward") and "float mask" in e.forward
-    assert e.backward.startswith("CUDA-core backward") and "at most 128" in e.backward
-    assert "float mask's gradient" in e.backward
+    assert e.backward.startswith("tensor-core backward") and "float mask's gradient" in e.backward
+    assert "at most 256" in rudnn.explain(*_inputs(264)).forward
 
 
 def test_explain_says_why_not():
     assert "float16/bfloat16" in rudnn.explain(*_inputs(64, dtype=torch.float32)).forward
-    assert "multiples of 8" in rudnn.explain(*_inputs(20)).forward
     q, k, v = _inputs(64)
     shifted = torch.randn(q.numel() + 1, device="cuda", dtype=q.dtype)[1:].view(q.shape)
-    assert "query is not read in place" in rudnn.explain(shifted, k, v).forward
+    e = rudnn.explain(shifted, k, v)
+    assert e.forward.startswith("tensor-core forward") and "; query read element by element" in e.forward
+    e = rudnn.explain(*_inputs(20, 36))
+    assert e.forward.startswith("tensor-core") and "query, key, value read element by element" in e.forward
     assert "flash numerics only" in rudnn.explain(q, k, v, numerics="exact").backward
     assert rudnn.explain(*(t.cpu() for t in (q, k, v))).forward.startswith("CPU kernels")
 
@@ -49,7 +51,8 @@ def _keep(B, H, L, S, p, seed, offset):
 
 
 # (q shape, k shape, v shape, keyword arguments): tile edges (1, 113, 203, 1023), head-dim buckets
-# and padding (32, 80 -> 96, 192/128, 256, E != Ev), GQA down to one KV head, masks, dropout.
+# and padding (32, 80 -> 96, 192/128, 256, E != Ev, E and Ev not multiples of 8), GQA down to one KV
+# head, masks, dropout, and layouts read element by element.
 CASES = {
     "plain 203x113 E=128": ((2, 3, 203, 128), (2, 3, 113, 128), (2, 3, 113, 128), {}),
     "causal 1023 E=64": ((1, 2, 1023, 64), (1, 2, 1023, 64), (1, 2, 1023, 64), dict(is_causal=True)),
@@ -60,11 +63,18 @@ CASES = {
     "E=32": ((2, 2, 100, 32), (2, 2, 130, 32), (2, 2, 130, 32), {}),
     "E=80 padded": ((2, 2, 100, 80), (2, 2, 130, 80), (2, 2, 130, 80), dict(is_causal=True)),
     "E=64 Ev=32": ((2, 2, 100, 64), (2, 2, 130, 64), (2, 2, 130, 32), {}),
+    "E=20 Ev=37 unaligned": ((2, 2, 100, 20), (2, 2, 130, 20), (2, 2, 130, 37), dict(is_causal=True)),
+    "E=136 Ev=200 wide": ((1, 2, 90, 136), (1, 2, 110, 136), (1, 2, 110, 200), {}),
+    "strided": ((2, 2, 100, 64), (2, 2, 120, 64), (2, 2, 120, 64), dict(kind="strided")),
     "E=192 Ev=128": ((1, 2, 150, 192), (1, 2, 170, 192), (1, 2, 170, 128), {}),
     "E=256": ((1, 2, 150, 256), (1, 2, 170, 256), (1, 2, 170, 256), dict(is_causal=True)),
     "GQA 8/1": ((2, 8, 90, 64), (2, 1, 110, 64), (2, 1, 110, 64), dict(enable_gqa=True)),
     "GQA 8/2 causal": ((1, 8, 130, 128), (1, 2, 130, 128), (1, 2, 130, 128), dict(enable_gqa=True, is_causal=True)),
     "bool mask": ((2, 2, 113, 64), (2, 2, 203, 64), (2, 2, 203, 64), dict(mask=("bool", (113, 203)))),
+    "bool mask aligned rows": ((2, 2, 113, 64), (2, 2, 160, 64), (2, 2, 160, 64),
+                               dict(mask=("bool", (2, 1, 113, 160)))),
+    "float32 mask aligned rows": ((2, 2, 70, 64), (2, 2, 200, 64), (2, 2, 200, 64),
+                                  dict(mask=("float32", (2, 2, 70, 200)), mask_grad=True)),
     "float mask grad": ((2, 2, 113, 64), (2, 2, 203, 64), (2, 2, 203, 64),
                         dict(mask=("float", (2, 1, 113, 203)), mask_grad=True)),
     "transposed": ((2, 4, 100, 64), (2, 4, 120, 64), (2, 4, 120, 64), dict(kind="transposed", is_causal=True)),
@@ -78,7 +88,8 @@ def test_tensor_core_cases(dtype, name):
     kwargs = dict(kwargs)
     if "mask" in kwargs:
         kind, shape = kwargs.pop("mask")
-        kwargs["attn_mask"] = torch.rand(shape) > 0.3 if kind == "bool" else torch.randn(shape, dtype=torch.float64)
+        dtypes = {"float": torch.float64, "float32": torch.float32}
+        kwargs["attn_mask"] = torch.rand(shape) > 0.3 if kind == "bool" else torch.randn(shape, dtype=dtypes[kind])
     probe = [torch.empty(s, device="cuda", dtype=dtype) for s in (q_shape, k_shape, v_shape)]
     assert rudnn.explain(*probe, enable_gqa=kwargs.get("enable_gqa", False)).forward.startswith("tensor-core")
     case.run("cuda", dtype, q_shape, k_shape, v_shape, **kwargs)

@@ -349,7 +349,6 @@ void attention_backward_cuda(const AttentionProblem& pb, const at::Tensor& grad_
   t.lse_unit = t.lse_unit.contiguous();
   t.kv_finite = keys_values_finite(pb);
   if (backward_kernels(pb).tensor_cores) {
-    if (!tensor_core_operand(grad_out)) t.grad_out = grad_out.clone(at::MemoryFormat::Contiguous);
     attention_backward_tc(pb, t, out, grad_lse, dq, dk, dv, dmask);
     return;
   }

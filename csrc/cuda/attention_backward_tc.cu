@@ -5,7 +5,8 @@
 //   dQ kernel: four warps own 16 query rows each; K/V tiles of 64 keys are double-buffered.
 //   dK/dV kernel: four warps own 16 keys each; it sweeps every head of the GQA group and every
 //   query tile of 64 rows (double-buffered Q, dO and their rows' statistics), and turns P and dS
-//   into the left operands of P^T dO and dS^T Q with movmatrix transposes.
+//   into the left operands of P^T dO and dS^T Q with movmatrix transposes. Heads wider than 128
+//   run it twice, for dK and for dV, each accumulator alone in registers.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -26,13 +27,12 @@ struct BackwardShape {
   // One tile of each operand the block owns, two of each it streams (row-major 16-bit tiles).
   static constexpr size_t kTileBytes = 2 * static_cast<size_t>(kRowsPerTile) * (kLdK + kLdV);
   static constexpr size_t kSmem = 3 * kTileBytes + 2 * 2 * kRowsPerTile * sizeof(float);
-  static constexpr size_t kMaskSmem = sizeof(float) * kRowsPerTile * mask_tile_ld<kRowsPerTile>();  // with a mask
 };
 
-// P (zero where dropout drops) into s, dS = P (M dP - D) into dp, for a warp's fragment tile;
-// lse and delta of the fragment's rows (lse * kTcUnit, +inf where a row has no keys or is past
-// the end); keep: fragment_keep_bits of the tile, read only with dropout.
-template <int kMI, int kNB>
+// P (zero where dropout drops) into s and, kWithDs, dS = P (M dP - D) into dp, for a warp's
+// fragment tile; lse and delta of the fragment's rows (lse * kTcUnit, +inf where a row has no keys
+// or is past the end); keep: fragment_keep_bits of the tile, read only with dropout.
+template <bool kWithDs, int kMI, int kNB>
 __device__ __forceinline__ void fragment_gradients(const AttentionParams& p, float (&s)[kMI][kNB][4],
                                                    float (&dp)[kMI][kNB][4], const float (&lse)[kMI][2],
                                                    const float (&delta)[kMI][2], const uint32_t (&keep)[kMI]) {
@@ -45,8 +45,10 @@ __device__ __forceinline__ void fragment_gradients(const AttentionParams& p, flo
       for (int e = 0; e < 4; ++e) {
         const float prob = exp2_ftz(s[mi][nb][e] - lse[mi][e / 2]);
         const bool dropped = p.has_dropout && !((keep[mi] >> (4 * nb + e)) & 1);
-        const float m = p.has_dropout ? (dropped ? 0.0f : kept) : 1.0f;
-        dp[mi][nb][e] = prob * (dp[mi][nb][e] * m - delta[mi][e / 2]);
+        if constexpr (kWithDs) {
+          const float m = p.has_dropout ? (dropped ? 0.0f : kept) : 1.0f;
+          dp[mi][nb][e] = prob * (dp[mi][nb][e] * m - delta[mi][e / 2]);
+        }
         s[mi][nb][e] = dropped ? 0.0f : prob;
       }
 }
@@ -117,24 +119,30 @@ __global__ void __launch_bounds__(kTcThreads)
   const int64_t b = blockIdx.z, h = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * kRowsPerTile;
   const int64_t hk = h / p.group(), row0 = i0 + 16 * warp, rows = (b * p.heads + h) * p.queries;
   const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
+  const bool q_async = rows_in_16_byte_chunks(p.q, p.q_strides, E),
+             k_async = rows_in_16_byte_chunks(p.k, p.k_strides, E);
+  const bool v_async = rows_in_16_byte_chunks(p.v, p.v_strides, Ev);
+  const bool do_async = rows_in_16_byte_chunks(a.dout, a.dout_strides, Ev);
 
   extern __shared__ __align__(16) unsigned char smem[];
   scalar_t* sQ = reinterpret_cast<scalar_t*>(smem);
   scalar_t* sDO = sQ + kRowsPerTile * kLdK;
   scalar_t* sK[2] = {sDO + kRowsPerTile * kLdV, sDO + kRowsPerTile * kLdV + kBN * (kLdK + kLdV)};
   scalar_t* sV[2] = {sK[0] + kBN * kLdK, sK[1] + kBN * kLdK};
-  float* sMask = reinterpret_cast<float*>(smem + Shape::kSmem);
-  const bool masked = p.mask_kind != MaskKind::kNone, aligned = dropout_blocks_aligned(p);
+  unsigned char* sMask = smem + Shape::kSmem;
+  const bool masked = p.mask_kind != MaskKind::kNone, mask_async = masked && mask_rows_async<scalar_t>(p);
+  const bool aligned = dropout_blocks_aligned(p);
 
   int64_t key_end = p.keys;
   if (p.is_causal && a.kv_finite[b * p.kv_heads + hk]) {
     const int64_t last_row = min(i0 + kRowsPerTile, p.queries) - 1;
     key_end = max(int64_t{0}, min(key_end, last_row + p.shard.query_start - p.shard.key_start + 1));
   }
-  tile_to_smem_async<scalar_t, kRowsPerTile, kE, kTcThreads>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E);
-  tile_to_smem_async<scalar_t, kRowsPerTile, kEv, kTcThreads>(sDO, a.dout, a.dout_strides, b, h, i0, p.queries, Ev);
-  tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK[0], p.k, p.k_strides, b, hk, 0, key_end, E);
-  tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV[0], p.v, p.v_strides, b, hk, 0, key_end, Ev);
+  tile_to_smem_async<scalar_t, kRowsPerTile, kE, kTcThreads>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, q_async);
+  tile_to_smem_async<scalar_t, kRowsPerTile, kEv, kTcThreads>(sDO, a.dout, a.dout_strides, b, h, i0, p.queries, Ev,
+                                                              do_async);
+  tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK[0], p.k, p.k_strides, b, hk, 0, key_end, E, k_async);
+  tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV[0], p.v, p.v_strides, b, hk, 0, key_end, Ev, v_async);
   cp_async_commit();
 
   float lse[1][2], delta[1][2];
@@ -150,23 +158,29 @@ __global__ void __launch_bounds__(kTcThreads)
     const int buf = tile % 2;
     cp_async_wait<0>();
     __syncthreads();  // this tile has landed, and every warp is done with the other buffer
+    if (masked) {
+      mask_tile_to_smem<scalar_t, kRowsPerTile, kBN>(p, sMask, b, h, i0, j0, mask_async);
+      cp_async_commit();
+    }
     if (j0 + kBN < key_end) {
-      tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK[buf ^ 1], p.k, p.k_strides, b, hk, j0 + kBN, key_end, E);
-      tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV[buf ^ 1], p.v, p.v_strides, b, hk, j0 + kBN, key_end, Ev);
+      tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK[buf ^ 1], p.k, p.k_strides, b, hk, j0 + kBN, key_end, E,
+                                                        k_async);
+      tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV[buf ^ 1], p.v, p.v_strides, b, hk, j0 + kBN, key_end, Ev,
+                                                         v_async);
     }
     cp_async_commit();
-    if (masked) mask_tile_to_smem<scalar_t, kRowsPerTile, kBN>(p, sMask, b, h, i0, j0);
     float s[1][kNB][4] = {}, dp[1][kNB][4] = {};
     gemm_smem_nt<scalar_t, 1, kNB, kE, kLdK, kLdK>(s, sQ, 16 * warp, sK[buf], 0, E);
     gemm_smem_nt<scalar_t, 1, kNB, kEv, kLdV, kLdV>(dp, sDO, 16 * warp, sV[buf], 0, Ev);
     fragment_scores(p, s, row0, j0, tile_on_edge(p, row0, 16, j0, kBN));
     if (masked) {
+      cp_async_wait<1>();
       __syncthreads();  // the mask tile is in
-      fragment_add_mask<1, kNB, mask_tile_ld<kBN>()>(s, sMask, 16 * warp, 0);
+      fragment_add_mask<scalar_t, 1, kNB, kBN>(p, s, sMask, 16 * warp, 0);
     }
     uint32_t keep[1] = {};
     if (p.has_dropout) fragment_keep_bits<1, kNB>(p, rng, keep, b, h, row0, j0, aligned);
-    fragment_gradients(p, s, dp, lse, delta, keep);
+    fragment_gradients<true>(p, s, dp, lse, delta, keep);
     // dQ_i += sum_j dS_ij K_j
 #pragma unroll
     for (int kk = 0; kk < kNB / 2; ++kk) {
@@ -193,9 +207,9 @@ __device__ __forceinline__ void transposed_a(uint32_t (&a)[4], const float (&x)[
 // sums (GQA in flash numerics: FlashAttention rounds each query head's dK/dV before summing
 // them); the group's last head writes the sums out.
 template <typename scalar_t, int kCols>
-__device__ __forceinline__ void add_group_sum(const float (&acc)[kCols / 8][4], float factor, float* sums,
-                                              int sum_cols, scalar_t* out, int64_t row0, int64_t rows, int cols,
-                                              bool first, bool last) {
+__device__ __forceinline__ void add_group_sum(const float (&acc)[kCols / 8][4], float factor, float* sums, int sum_cols,
+                                              scalar_t* out, int64_t row0, int64_t rows, int cols, bool first,
+                                              bool last) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -208,14 +222,20 @@ __device__ __forceinline__ void add_group_sum(const float (&acc)[kCols / 8][4], 
         const int d = 8 * c + 2 * (lane % 4) + e;
         if (d >= cols) continue;
         const float x = (first ? 0.0f : sums[j * sum_cols + d]) + round_to<scalar_t>(acc[c][2 * r + e] * factor);
-        if (last) out[j * cols + d] = static_cast<scalar_t>(x);
-        else sums[j * sum_cols + d] = x;
+        if (last)
+          out[j * cols + d] = static_cast<scalar_t>(x);
+        else
+          sums[j * sum_cols + d] = x;
       }
     }
   }
 }
 
-template <typename scalar_t, int kE, int kEv>
+// Which of dK and dV a launch of the dK/dV kernel computes: wide heads take one launch for each,
+// so that one accumulator fits in registers (dV needs neither dP nor dS).
+enum KeyGrads : int { kGradK = 1, kGradV = 2, kGradKV = 3 };
+
+template <typename scalar_t, int kE, int kEv, int kGrads>
 __global__ void __launch_bounds__(kTcThreads)
     attention_dkdv_tc_kernel(const AttentionParams p, const BackwardArgs<float> a, scalar_t* __restrict__ dk,
                              scalar_t* __restrict__ dv, float* __restrict__ group_sums) {
@@ -225,6 +245,10 @@ __global__ void __launch_bounds__(kTcThreads)
   const int64_t b = blockIdx.z, hk = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * kRowsPerTile;
   const int64_t kw0 = j0 + 16 * warp, key_rows = (b * p.kv_heads + hk) * p.keys;
   const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
+  const bool q_async = rows_in_16_byte_chunks(p.q, p.q_strides, E),
+             k_async = rows_in_16_byte_chunks(p.k, p.k_strides, E);
+  const bool v_async = rows_in_16_byte_chunks(p.v, p.v_strides, Ev);
+  const bool do_async = rows_in_16_byte_chunks(a.dout, a.dout_strides, Ev);
 
   extern __shared__ __align__(16) unsigned char smem[];
   scalar_t* sK = reinterpret_cast<scalar_t*>(smem);
@@ -232,8 +256,9 @@ __global__ void __launch_bounds__(kTcThreads)
   scalar_t* sQ[2] = {sV + kRowsPerTile * kLdV, sV + kRowsPerTile * kLdV + kBM * (kLdK + kLdV)};
   scalar_t* sDO[2] = {sQ[0] + kBM * kLdK, sQ[1] + kBM * kLdK};
   float* sStats = reinterpret_cast<float*>(sK + 3 * kRowsPerTile * (kLdK + kLdV));  // [2][lse, delta][kBM]
-  float* sMask = reinterpret_cast<float*>(smem + Shape::kSmem);
-  const bool masked = p.mask_kind != MaskKind::kNone, aligned = dropout_blocks_aligned(p);
+  unsigned char* sMask = smem + Shape::kSmem;
+  const bool masked = p.mask_kind != MaskKind::kNone, mask_async = masked && mask_rows_async<scalar_t>(p);
+  const bool aligned = dropout_blocks_aligned(p);
 
   // Query tiles before the causal frontier of the first key see none of these keys.
   int64_t first_tile = 0;
@@ -247,35 +272,42 @@ __global__ void __launch_bounds__(kTcThreads)
   const auto load_step = [&](int64_t u) {
     const int buf = static_cast<int>(u % 2);
     const int64_t h = hk * group + u / tiles, i0 = (first_tile + u % tiles) * kBM;
-    tile_to_smem_async<scalar_t, kBM, kE, kTcThreads>(sQ[buf], p.q, p.q_strides, b, h, i0, p.queries, E);
-    tile_to_smem_async<scalar_t, kBM, kEv, kTcThreads>(sDO[buf], a.dout, a.dout_strides, b, h, i0, p.queries, Ev);
+    tile_to_smem_async<scalar_t, kBM, kE, kTcThreads>(sQ[buf], p.q, p.q_strides, b, h, i0, p.queries, E, q_async);
+    tile_to_smem_async<scalar_t, kBM, kEv, kTcThreads>(sDO[buf], a.dout, a.dout_strides, b, h, i0, p.queries, Ev,
+                                                       do_async);
     const int r = threadIdx.x % kBM;
     const int64_t i = i0 + r, at = (b * p.heads + h) * p.queries + i;
     float* stats = sStats + buf * 2 * kBM;
-    if (threadIdx.x < kBM) stats[r] = i < p.queries ? a.lse_unit[at] : INFINITY;
-    else stats[kBM + r] = i < p.queries ? a.delta[at] : 0.0f;
+    if (threadIdx.x < kBM)
+      stats[r] = i < p.queries ? a.lse_unit[at] : INFINITY;
+    else
+      stats[kBM + r] = i < p.queries ? a.delta[at] : 0.0f;
   };
-  tile_to_smem_async<scalar_t, kRowsPerTile, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, j0, p.keys, E);
-  tile_to_smem_async<scalar_t, kRowsPerTile, kEv, kTcThreads>(sV, p.v, p.v_strides, b, hk, j0, p.keys, Ev);
+  tile_to_smem_async<scalar_t, kRowsPerTile, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, j0, p.keys, E, k_async);
+  tile_to_smem_async<scalar_t, kRowsPerTile, kEv, kTcThreads>(sV, p.v, p.v_strides, b, hk, j0, p.keys, Ev, v_async);
   if (steps > 0) load_step(0);
   cp_async_commit();
 
   const DropoutRng rng = device_rng(p);
   const int lane = threadIdx.x % 32;
   const float kept = p.has_dropout ? static_cast<float>(p.rng.keep_scale) : 1.0f;
-  float acc_k[kE / 8][4] = {}, acc_v[kEv / 8][4] = {};
+  constexpr bool kWantK = kGrads & kGradK, kWantV = kGrads & kGradV;
+  float acc_k[kWantK ? kE / 8 : 1][4] = {}, acc_v[kWantV ? kEv / 8 : 1][4] = {};
   for (int64_t u = 0; u < steps; ++u) {
     const int buf = static_cast<int>(u % 2);
     const int64_t h = hk * group + u / tiles, i0 = (first_tile + u % tiles) * kBM;
     cp_async_wait<0>();
     __syncthreads();  // this step has landed, and every warp is done with the other buffer
+    if (masked) {
+      mask_tile_to_smem<scalar_t, kBM, kRowsPerTile>(p, sMask, b, h, i0, j0, mask_async);
+      cp_async_commit();
+    }
     if (u + 1 < steps) load_step(u + 1);
     cp_async_commit();
-    if (masked) mask_tile_to_smem<scalar_t, kBM, kRowsPerTile>(p, sMask, b, h, i0, j0);
 
     float s[kMI][2][4] = {}, dp[kMI][2][4] = {};
     gemm_smem_nt<scalar_t, kMI, 2, kE, kLdK, kLdK>(s, sQ[buf], 0, sK, 16 * warp, E);
-    gemm_smem_nt<scalar_t, kMI, 2, kEv, kLdV, kLdV>(dp, sDO[buf], 0, sV, 16 * warp, Ev);
+    if constexpr (kWantK) gemm_smem_nt<scalar_t, kMI, 2, kEv, kLdV, kLdV>(dp, sDO[buf], 0, sV, 16 * warp, Ev);
     float lse[kMI][2], delta[kMI][2];
     const float* stats = sStats + buf * 2 * kBM;
 #pragma unroll
@@ -287,38 +319,47 @@ __global__ void __launch_bounds__(kTcThreads)
       }
     fragment_scores(p, s, i0, kw0, tile_on_edge(p, i0, kBM, kw0, 16));
     if (masked) {
+      cp_async_wait<1>();
       __syncthreads();  // the mask tile is in
-      fragment_add_mask<kMI, 2, mask_tile_ld<kRowsPerTile>()>(s, sMask, 0, 16 * warp);
+      fragment_add_mask<scalar_t, kMI, 2, kRowsPerTile>(p, s, sMask, 0, 16 * warp);
     }
     uint32_t keep[kMI] = {};
     if (p.has_dropout) fragment_keep_bits<kMI, 2>(p, rng, keep, b, h, i0, kw0, aligned);
-    fragment_gradients(p, s, dp, lse, delta, keep);
+    fragment_gradients<kWantK>(p, s, dp, lse, delta, keep);
     // dV_j += sum_i (P∘M)_ij dO_i;  dK_j += sum_i dS_ij Q_i   (k runs over the tile's queries)
 #pragma unroll
     for (int mi = 0; mi < kMI; ++mi) {
       uint32_t at[4];
-      transposed_a<scalar_t>(at, s[mi]);
-      mma_a_smem_kn<scalar_t, kEv, kLdV>(acc_v, at, sDO[buf], mi, Ev);
-      transposed_a<scalar_t>(at, dp[mi]);
-      mma_a_smem_kn<scalar_t, kE, kLdK>(acc_k, at, sQ[buf], mi, E);
+      if constexpr (kWantV) {
+        transposed_a<scalar_t>(at, s[mi]);
+        mma_a_smem_kn<scalar_t, kEv, kLdV>(acc_v, at, sDO[buf], mi, Ev);
+      }
+      if constexpr (kWantK) {
+        transposed_a<scalar_t>(at, dp[mi]);
+        mma_a_smem_kn<scalar_t, kE, kLdK>(acc_k, at, sQ[buf], mi, E);
+      }
     }
     if (group_sums != nullptr && (u + 1) % tiles == 0) {
       const bool first = u + 1 == tiles, last = u + 1 == steps;
       float* sums = group_sums + key_rows * (E + Ev);
-      add_group_sum<scalar_t, kE>(acc_k, static_cast<float>(p.scale), sums, E + Ev, dk + key_rows * E, kw0, p.keys,
-                                  E, first, last);
-      add_group_sum<scalar_t, kEv>(acc_v, kept, sums + E, E + Ev,
-                                   dv + key_rows * Ev, kw0, p.keys, Ev, first, last);
+      if constexpr (kWantK) {
+        add_group_sum<scalar_t, kE>(acc_k, static_cast<float>(p.scale), sums, E + Ev, dk + key_rows * E, kw0, p.keys, E,
+                                    first, last);
 #pragma unroll
-      for (int c = 0; c < kE / 8; ++c) acc_k[c][0] = acc_k[c][1] = acc_k[c][2] = acc_k[c][3] = 0.0f;
+        for (int c = 0; c < kE / 8; ++c) acc_k[c][0] = acc_k[c][1] = acc_k[c][2] = acc_k[c][3] = 0.0f;
+      }
+      if constexpr (kWantV) {
+        add_group_sum<scalar_t, kEv>(acc_v, kept, sums + E, E + Ev, dv + key_rows * Ev, kw0, p.keys, Ev, first, last);
 #pragma unroll
-      for (int c = 0; c < kEv / 8; ++c) acc_v[c][0] = acc_v[c][1] = acc_v[c][2] = acc_v[c][3] = 0.0f;
+        for (int c = 0; c < kEv / 8; ++c) acc_v[c][0] = acc_v[c][1] = acc_v[c][2] = acc_v[c][3] = 0.0f;
+      }
     }
   }
   cp_async_wait<0>();
   if (group_sums != nullptr && steps > 0) return;
-  store_rows_tc<scalar_t, kE>(acc_k, static_cast<float>(p.scale), dk + key_rows * E, kw0, p.keys, E);
-  store_rows_tc<scalar_t, kEv>(acc_v, kept, dv + key_rows * Ev, kw0, p.keys, Ev);
+  if constexpr (kWantK)
+    store_rows_tc<scalar_t, kE>(acc_k, static_cast<float>(p.scale), dk + key_rows * E, kw0, p.keys, E);
+  if constexpr (kWantV) store_rows_tc<scalar_t, kEv>(acc_v, kept, dv + key_rows * Ev, kw0, p.keys, Ev);
 }
 
 }  // namespace
@@ -338,19 +379,22 @@ void attention_backward_tc(const AttentionProblem& pb, BackwardTensors& t, const
   AT_DISPATCH_REDUCED_FLOATING_TYPES(dq.scalar_type(), "rudnn_attention_backward_tc", [&] {
     dispatch_tc_dims(p.head_dim, p.value_dim, [&](auto e, auto ev) {
       constexpr int kE = decltype(e)::value, kEv = decltype(ev)::value;
+      using Shape = BackwardShape<kE, kEv>;
+      const size_t smem = Shape::kSmem + mask_tile_bytes<scalar_t, kRowsPerTile, kRowsPerTile>(p.mask_kind);
+      launch_threads(attention_dq_tc_kernel<scalar_t, kE, kEv>, tile_grid(p.queries, kRowsPerTile, p.heads, p.batch),
+                     kTcThreads, smem, p, a, dq.data_ptr<scalar_t>());
+      const dim3 key_grid = tile_grid(p.keys, kRowsPerTile, p.kv_heads, p.batch);
+      scalar_t* dk_data = dk.data_ptr<scalar_t>();
+      scalar_t* dv_data = dv.data_ptr<scalar_t>();
+      float* sums = round_per_head ? group_sums.data_ptr<float>() : nullptr;
       if constexpr (kE <= 128 && kEv <= 128) {
-        using Shape = BackwardShape<kE, kEv>;
-        const size_t smem = Shape::kSmem + (p.mask_kind == MaskKind::kNone ? 0 : Shape::kMaskSmem);
-        launch_threads(attention_dq_tc_kernel<scalar_t, kE, kEv>,
-                       tile_grid(p.queries, kRowsPerTile, p.heads, p.batch), kTcThreads, smem, p, a,
-                       dq.data_ptr<scalar_t>());
-        launch_threads(attention_dkdv_tc_kernel<scalar_t, kE, kEv>,
-                       tile_grid(p.keys, kRowsPerTile, p.kv_heads, p.batch), kTcThreads, smem, p, a,
-                       dk.data_ptr<scalar_t>(), dv.data_ptr<scalar_t>(),
-                       round_per_head ? group_sums.data_ptr<float>() : nullptr);
+        launch_threads(attention_dkdv_tc_kernel<scalar_t, kE, kEv, kGradKV>, key_grid, kTcThreads, smem, p, a, dk_data,
+                       dv_data, sums);
       } else {
-        TORCH_CHECK(false, "rudnn: no tensor-core backward for E = ", to_string(p.head_dim), ", Ev = ",
-                    to_string(p.value_dim));
+        launch_threads(attention_dkdv_tc_kernel<scalar_t, kE, kEv, kGradK>, key_grid, kTcThreads, smem, p, a, dk_data,
+                       dv_data, sums);
+        launch_threads(attention_dkdv_tc_kernel<scalar_t, kE, kEv, kGradV>, key_grid, kTcThreads, smem, p, a, dk_data,
+                       dv_data, sums);
       }
     });
   });

@@ -21,7 +21,6 @@ struct ForwardShape {
   static constexpr int kBM = 16 * kMI * kTcWarps, kBN = 64, kNB = kBN / 8;
   static constexpr int kLdK = tc_ld<kE>(), kLdV = tc_ld<kEv>();
   static constexpr size_t kSmem = 2 * (static_cast<size_t>(kBM + kBN) * kLdK + static_cast<size_t>(kBN) * kLdV);
-  static constexpr size_t kMaskSmem = sizeof(float) * kBM * mask_tile_ld<kBN>();  // only with a mask
 };
 
 // o += P V for a warp's 16 kMI rows, P rounded to 16 bits; with kSplit also (P - round(P)) V.
@@ -68,13 +67,16 @@ __global__ void __launch_bounds__(kTcThreads)
   const int64_t hk = h / p.group(), row0 = i0 + warp * 16 * kMI;
   const bool flash = p.numerics == Numerics::kFlash;
   const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
+  const bool q_async = rows_in_16_byte_chunks(p.q, p.q_strides, E),
+             k_async = rows_in_16_byte_chunks(p.k, p.k_strides, E);
+  const bool v_async = rows_in_16_byte_chunks(p.v, p.v_strides, Ev);
 
   extern __shared__ __align__(16) unsigned char smem[];
   scalar_t* sQ = reinterpret_cast<scalar_t*>(smem);
   scalar_t* sK = sQ + kBM * kLdK;
   scalar_t* sV = sK + kBN * kLdK;
-  float* sMask = reinterpret_cast<float*>(sV + kBN * kLdV);
-  const bool masked = p.mask_kind != MaskKind::kNone;
+  unsigned char* sMask = reinterpret_cast<unsigned char*>(sV + kBN * kLdV);
+  const bool masked = p.mask_kind != MaskKind::kNone, mask_async = masked && mask_rows_async<scalar_t>(p);
   const bool aligned = dropout_blocks_aligned(p);
 
   // Tiles past the causal frontier are skipped unless K or V holds a non-finite value, which
@@ -84,8 +86,8 @@ __global__ void __launch_bounds__(kTcThreads)
     const int64_t last_row = min(i0 + kBM, p.queries) - 1;
     key_end = max(int64_t{0}, min(key_end, last_row + p.shard.query_start - p.shard.key_start + 1));
   }
-  tile_to_smem_async<scalar_t, kBM, kE, kTcThreads>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E);
-  tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, 0, key_end, E);
+  tile_to_smem_async<scalar_t, kBM, kE, kTcThreads>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, q_async);
+  tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, 0, key_end, E, k_async);
   cp_async_commit();
 
   // m: running maximum of a row; l: this lane's part of its running denominator.
@@ -95,11 +97,14 @@ __global__ void __launch_bounds__(kTcThreads)
   const DropoutRng rng = device_rng(p);
 
   for (int64_t j0 = 0; j0 < key_end; j0 += kBN) {
-    __syncthreads();  // every warp is done with the previous V
-    tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV, p.v, p.v_strides, b, hk, j0, key_end, Ev);
+    __syncthreads();  // every warp is done with the previous V and mask tile
+    if (masked) {
+      mask_tile_to_smem<scalar_t, kBM, kBN>(p, sMask, b, h, i0, j0, mask_async);
+      cp_async_commit();
+    }
+    tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV, p.v, p.v_strides, b, hk, j0, key_end, Ev, v_async);
     cp_async_commit();
-    if (masked) mask_tile_to_smem<scalar_t, kBM, kBN>(p, sMask, b, h, i0, j0);
-    cp_async_wait<1>();  // Q and this K
+    cp_async_wait<1>();  // Q, this K and this mask tile
     __syncthreads();
 
     float s[kMI][kNB][4] = {};
@@ -122,12 +127,12 @@ __global__ void __launch_bounds__(kTcThreads)
     }
     __syncthreads();  // every warp is done with this K
     if (j0 + kBN < key_end) {
-      tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, j0 + kBN, key_end, E);
+      tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, j0 + kBN, key_end, E, k_async);
     }
     cp_async_commit();
 
     fragment_scores(p, s, row0, j0, tile_on_edge(p, row0, 16 * kMI, j0, kBN));
-    if (masked) fragment_add_mask<kMI, kNB, mask_tile_ld<kBN>()>(s, sMask, warp * 16 * kMI, 0);
+    if (masked) fragment_add_mask<scalar_t, kMI, kNB, kBN>(p, s, sMask, warp * 16 * kMI, 0);
     uint32_t keep[kMI] = {};
     if (p.has_dropout) fragment_keep_bits<kMI, kNB>(p, rng, keep, b, h, row0, j0, aligned);
     // m' = max(m, max_j s_ij);  l' = l 2^(m - m') + sum_j P_ij;  o' = o 2^(m - m') + (P∘M) V
@@ -204,7 +209,7 @@ void attention_forward_tc(const AttentionProblem& pb, const at::Tensor& out, con
       using Shape = ForwardShape<decltype(e)::value, decltype(ev)::value>;
       launch_threads(attention_forward_tc_kernel<scalar_t, decltype(e)::value, decltype(ev)::value>,
                      tile_grid(p.queries, Shape::kBM, p.heads, p.batch), kTcThreads,
-                     Shape::kSmem + (p.mask_kind == MaskKind::kNone ? 0 : Shape::kMaskSmem), p,
+                     Shape::kSmem + mask_tile_bytes<scalar_t, Shape::kBM, Shape::kBN>(p.mask_kind), p,
                      out.data_ptr<scalar_t>(), lse.data_ptr<float>(),
                      kv_finite.defined() ? kv_finite.const_data_ptr<bool>() : nullptr);
     });

@@ -29,10 +29,10 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16 bytes global -> shared without passing through registers; zeros where !valid.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
+// 16 bytes global -> shared without passing through registers: the first src_bytes (0 to 16)
+// from src, zeros after them.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src), "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
@@ -41,13 +41,21 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // rows [row0, row0 + kRows) x columns [0, kCols) of a canonical tensor into a padded tile;
-// rows past `rows` and columns past `cols` (a multiple of 8) read as zeros. Where the block's
-// threads cover whole rows, a thread keeps one column chunk and steps down the rows.
+// rows past `rows` and columns past `cols` read as zeros. `async` (rows_in_16_byte_chunks): by cp.async in
+// the caller's next group; where the block's threads cover whole rows, a thread keeps one column
+// chunk and steps down the rows. Otherwise (any head dim, any strides) element by element.
 template <typename scalar_t, int kRows, int kCols, int kThreadCount>
 __device__ __forceinline__ void tile_to_smem_async(scalar_t* tile, const void* base, const Strides4& s, int64_t b,
-                                                   int64_t h, int64_t row0, int64_t rows, int cols) {
+                                                   int64_t h, int64_t row0, int64_t rows, int cols, bool async) {
   constexpr int kChunks = kCols / 8;
-  if constexpr (kThreadCount % kChunks == 0) {
+  if (!async) {
+#pragma unroll 1
+    for (int idx = threadIdx.x; idx < kRows * kCols; idx += kThreadCount) {
+      const int r = idx / kCols, c = idx % kCols;
+      const bool valid = row0 + r < rows && c < cols;
+      tile[r * tc_ld<kCols>() + c] = valid ? at_row<scalar_t>(base, s, b, h, row0 + r)[c * s.col] : scalar_t(0);
+    }
+  } else if constexpr (kThreadCount % kChunks == 0) {
     constexpr int kStep = kThreadCount / kChunks;
     const int r0 = threadIdx.x / kChunks, c = threadIdx.x % kChunks;
     const scalar_t* src = at_row<scalar_t>(base, s, b, h, row0 + r0) + c * 8;
@@ -55,7 +63,7 @@ __device__ __forceinline__ void tile_to_smem_async(scalar_t* tile, const void* b
 #pragma unroll
     for (int r = r0; r < kRows; r += kStep, src += kStep * s.row) {
       const bool valid = column_valid && row0 + r < rows;
-      cp_async16(tile + r * tc_ld<kCols>() + c * 8, valid ? src : static_cast<const scalar_t*>(base), valid);
+      cp_async16(tile + r * tc_ld<kCols>() + c * 8, valid ? src : static_cast<const scalar_t*>(base), valid ? 16 : 0);
     }
   } else {
     for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreadCount) {
@@ -63,7 +71,7 @@ __device__ __forceinline__ void tile_to_smem_async(scalar_t* tile, const void* b
       const bool valid = row0 + r < rows && c * 8 < cols;
       const scalar_t* src =
           valid ? at_row<scalar_t>(base, s, b, h, row0 + r) + c * 8 : static_cast<const scalar_t*>(base);
-      cp_async16(tile + r * tc_ld<kCols>() + c * 8, src, valid);
+      cp_async16(tile + r * tc_ld<kCols>() + c * 8, src, valid ? 16 : 0);
     }
   }
 }
@@ -164,13 +172,15 @@ __device__ __forceinline__ T sum4(T x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// Stores a row pair of a C fragment (columns d, d + 1 of row `row`) to a contiguous output row.
+// Stores a row pair of a C fragment (columns d, d + 1 of row `row`) to a contiguous output row of
+// `cols` elements: one 4-byte store where rows are 4-byte aligned (cols even).
 template <typename scalar_t>
 __device__ __forceinline__ void store_pair(scalar_t* row, int d, int cols, float x0, float x1) {
-  if (d + 1 < cols) {
+  if (d + 1 < cols && cols % 2 == 0) {
     *reinterpret_cast<uint32_t*>(row + d) = pack2<scalar_t>(x0, x1);
-  } else if (d < cols) {
-    row[d] = static_cast<scalar_t>(x0);
+  } else {
+    if (d < cols) row[d] = static_cast<scalar_t>(x0);
+    if (d + 1 < cols) row[d + 1] = static_cast<scalar_t>(x1);
   }
 }
 

@@ -79,57 +79,106 @@ __device__ __forceinline__ void fragment_scores(const AttentionParams& p, float 
   });
 }
 
-// Row stride (floats) of a mask tile of kCols keys: a half-warp's 8-byte reads of one fragment
-// fall in distinct banks.
-template <int kCols>
-constexpr int mask_tile_ld() {
-  return kCols + 8;
+// A mask tile in shared memory holds the mask's own elements (bool, the inputs' 16-bit type, or
+// float32), rows of kCols keys padded so that rows stay 16-byte aligned and the pairs a half-warp
+// reads in fragment_add_mask fall in distinct banks.
+__host__ __device__ constexpr int mask_tile_ld(int cols, int element_bytes) {
+  return cols * element_bytes + (element_bytes == 4 ? 32 : 16);
+}
+template <typename scalar_t>
+__host__ __device__ constexpr int mask_element_bytes(MaskKind kind) {
+  return kind == MaskKind::kBool ? 1 : kind == MaskKind::kFloat32 ? 4 : static_cast<int>(sizeof(scalar_t));
+}
+template <typename scalar_t, int kRows, int kCols>
+constexpr size_t mask_tile_bytes(MaskKind kind) {
+  return kind == MaskKind::kNone ? 0
+                                 : static_cast<size_t>(kRows) * mask_tile_ld(kCols, mask_element_bytes<scalar_t>(kind));
 }
 
-// The mask's additive term (apply_rules' rule, times kTcUnit; a bool mask's exclusion as -inf) of
-// query rows [i0, i0 + kRows) and keys [j0, j0 + kCols) into a float tile in shared memory, read
-// through the mask's broadcast strides four keys at a time; 0 past the problem's bounds.
+// Query rows [i0, i0 + kRows) by keys [j0, j0 + kCols) of the mask (head h) into a mask tile; zeros
+// past the problem's bounds, where the edge rules of fragment_scores decide. Rows that are 16-byte
+// aligned and contiguous (`async`) go by cp.async in the caller's next group; other layouts
+// (broadcast or strided keys) are read element by element through the broadcast strides.
 template <typename scalar_t, int kRows, int kCols>
-__device__ __forceinline__ void mask_tile_to_smem(const AttentionParams& p, float* tile, int64_t b, int64_t h,
-                                                  int64_t i0, int64_t j0) {
-  constexpr int kQuads = kCols / 4;
+__device__ __forceinline__ void mask_tile_to_smem(const AttentionParams& p, unsigned char* tile, int64_t b, int64_t h,
+                                                  int64_t i0, int64_t j0, bool async) {
   const Strides4& ms = p.mask_strides;
-  for (int idx = threadIdx.x; idx < kRows * kQuads; idx += kTcThreads) {
-    const int r = idx / kQuads, c = 4 * (idx % kQuads);
-    const int64_t i = i0 + r, j = j0 + c;
-    float4 add = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (i < p.queries && j < p.keys) {
-      const int64_t at = b * ms.batch + h * ms.head + i * ms.row + j * ms.col, valid = p.keys - j;
-      float x[4] = {};
-      if (p.mask_kind == MaskKind::kBool) {
-        bool keep[4] = {true, true, true, true};
-        load_run<4>(static_cast<const bool*>(p.mask) + at, ms.col, valid, keep);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) x[e] = keep[e] ? 0.0f : -INFINITY;
-      } else if (p.mask_kind == MaskKind::kFloat32) {
-        load_run<4>(static_cast<const float*>(p.mask) + at, ms.col, valid, x);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) x[e] *= kTcUnit;
-      } else {
-        scalar_t m[4] = {scalar_t(0), scalar_t(0), scalar_t(0), scalar_t(0)};
-        load_run<4>(static_cast<const scalar_t*>(p.mask) + at, ms.col, valid, m);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) x[e] = kTcUnit * static_cast<float>(m[e]);
-      }
-      add = make_float4(x[0], x[1], x[2], x[3]);
+  const int bytes = mask_element_bytes<scalar_t>(p.mask_kind), ld = mask_tile_ld(kCols, bytes);
+  const unsigned char* mask = static_cast<const unsigned char*>(p.mask);
+  if (async) {
+    const int chunks = kCols * bytes / 16;
+#pragma unroll 1
+    for (int idx = threadIdx.x; idx < kRows * chunks; idx += kTcThreads) {
+      const int r = idx / chunks, c = idx % chunks;
+      const int64_t i = i0 + r, j = j0 + c * 16 / bytes;
+      const int valid = i < p.queries ? static_cast<int>(max(int64_t{0}, min(int64_t{16}, (p.keys - j) * bytes))) : 0;
+      const int64_t at = b * ms.batch + h * ms.head + i * ms.row + j;
+      cp_async16(tile + r * ld + 16 * c, valid > 0 ? mask + at * bytes : mask, valid);
     }
-    *reinterpret_cast<float4*>(tile + r * mask_tile_ld<kCols>() + c) = add;
+    return;
+  }
+#pragma unroll 1
+  for (int idx = threadIdx.x; idx < kRows * kCols; idx += kTcThreads) {
+    const int r = idx / kCols, c = idx % kCols;
+    const int64_t i = i0 + r, j = j0 + c;
+    const bool valid = i < p.queries && j < p.keys;
+    const int64_t at = b * ms.batch + h * ms.head + i * ms.row + j * ms.col;
+    unsigned char* dst = tile + r * ld + c * bytes;
+    if (bytes == 1)
+      *dst = valid ? mask[at] : 0;
+    else if (bytes == 2)
+      *reinterpret_cast<uint16_t*>(dst) = valid ? reinterpret_cast<const uint16_t*>(mask)[at] : 0;
+    else
+      *reinterpret_cast<uint32_t*>(dst) = valid ? reinterpret_cast<const uint32_t*>(mask)[at] : 0;
   }
 }
 
-// s += the mask tile's terms; the fragment's first row and key are the tile's (row, col).
-template <int kMI, int kNB, int kLd>
-__device__ __forceinline__ void fragment_add_mask(float (&s)[kMI][kNB][4], const float* tile, int row, int col) {
-  for_each_pair<kMI, kNB>(row, col, [&](int mi, int nb, int r, int64_t i, int64_t j) {
-    const float2 m = *reinterpret_cast<const float2*>(tile + i * kLd + j);
-    s[mi][nb][2 * r] += m.x;
-    s[mi][nb][2 * r + 1] += m.y;
-  });
+// Whether mask_tile_to_smem can copy the mask's rows by cp.async.
+template <typename scalar_t>
+__device__ __forceinline__ bool mask_rows_async(const AttentionParams& p) {
+  const int64_t bytes = mask_element_bytes<scalar_t>(p.mask_kind);
+  const Strides4& ms = p.mask_strides;
+  return ms.col == 1 && reinterpret_cast<uintptr_t>(p.mask) % 16 == 0 && (ms.row * bytes) % 16 == 0 &&
+         (ms.head * bytes) % 16 == 0 && (ms.batch * bytes) % 16 == 0;
+}
+
+// The mask's rule (apply_rules') on a fragment tile: -inf added where a bool mask excludes the
+// key, kTcUnit * mask added for a float one; the fragment's first row and key are the tile's
+// (row, col).
+template <typename scalar_t, int kMI, int kNB, int kCols>
+__device__ __forceinline__ void fragment_add_mask(const AttentionParams& p, float (&s)[kMI][kNB][4],
+                                                  const unsigned char* tile, int row, int col) {
+  const int lane = threadIdx.x % 32;
+  // Element (mi, nb, r) of this lane lies (16 mi + 8 r) rows and 8 nb keys past its first one.
+  const auto each = [&](int bytes, auto add_pair) {
+    const int ld = mask_tile_ld(kCols, bytes);
+    const unsigned char* at = tile + (row + lane / 4) * ld + (col + 2 * (lane % 4)) * bytes;
+#pragma unroll
+    for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int nb = 0; nb < kNB; ++nb) add_pair(s[mi][nb] + 2 * r, at + (16 * mi + 8 * r) * ld + 8 * nb * bytes);
+  };
+  if (p.mask_kind == MaskKind::kBool) {
+    each(1, [](float* x, const unsigned char* m) {
+      const uint32_t keep = *reinterpret_cast<const uint16_t*>(m);
+      if ((keep & 0xff) == 0) x[0] += -INFINITY;
+      if ((keep >> 8) == 0) x[1] += -INFINITY;
+    });
+  } else if (p.mask_kind == MaskKind::kFloat32) {
+    each(4, [](float* x, const unsigned char* m) {
+      const float2 v = *reinterpret_cast<const float2*>(m);
+      x[0] += kTcUnit * v.x;
+      x[1] += kTcUnit * v.y;
+    });
+  } else {
+    each(static_cast<int>(sizeof(scalar_t)), [](float* x, const unsigned char* m) {
+      const scalar_t* v = reinterpret_cast<const scalar_t*>(m);
+      x[0] += kTcUnit * static_cast<float>(v[0]);
+      x[1] += kTcUnit * static_cast<float>(v[1]);
+    });
+  }
 }
 
 // Whether every query row's dropout positions start on a Philox block at every key tile, so that
