@@ -119,10 +119,7 @@ __global__ void __launch_bounds__(kTcThreads)
   const int64_t b = blockIdx.z, h = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * kRowsPerTile;
   const int64_t hk = h / p.group(), row0 = i0 + 16 * warp, rows = (b * p.heads + h) * p.queries;
   const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
-  const bool q_async = rows_in_16_byte_chunks(p.q, p.q_strides, E),
-             k_async = rows_in_16_byte_chunks(p.k, p.k_strides, E);
-  const bool v_async = rows_in_16_byte_chunks(p.v, p.v_strides, Ev);
-  const bool do_async = rows_in_16_byte_chunks(a.dout, a.dout_strides, Ev);
+  const InputReads in = input_reads<scalar_t>(p, a.dout, a.dout_strides);
 
   extern __shared__ __align__(16) unsigned char smem[];
   scalar_t* sQ = reinterpret_cast<scalar_t*>(smem);
@@ -130,19 +127,17 @@ __global__ void __launch_bounds__(kTcThreads)
   scalar_t* sK[2] = {sDO + kRowsPerTile * kLdV, sDO + kRowsPerTile * kLdV + kBN * (kLdK + kLdV)};
   scalar_t* sV[2] = {sK[0] + kBN * kLdK, sK[1] + kBN * kLdK};
   unsigned char* sMask = smem + Shape::kSmem;
-  const bool masked = p.mask_kind != MaskKind::kNone, mask_async = masked && mask_rows_async<scalar_t>(p);
-  const bool aligned = dropout_blocks_aligned(p);
 
   int64_t key_end = p.keys;
   if (p.is_causal && a.kv_finite[b * p.kv_heads + hk]) {
     const int64_t last_row = min(i0 + kRowsPerTile, p.queries) - 1;
     key_end = max(int64_t{0}, min(key_end, last_row + p.shard.query_start - p.shard.key_start + 1));
   }
-  tile_to_smem_async<scalar_t, kRowsPerTile, kE, kTcThreads>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, q_async);
+  tile_to_smem_async<scalar_t, kRowsPerTile, kE, kTcThreads>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
   tile_to_smem_async<scalar_t, kRowsPerTile, kEv, kTcThreads>(sDO, a.dout, a.dout_strides, b, h, i0, p.queries, Ev,
-                                                              do_async);
-  tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK[0], p.k, p.k_strides, b, hk, 0, key_end, E, k_async);
-  tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV[0], p.v, p.v_strides, b, hk, 0, key_end, Ev, v_async);
+                                                              in.dout);
+  tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK[0], p.k, p.k_strides, b, hk, 0, key_end, E, in.k);
+  tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV[0], p.v, p.v_strides, b, hk, 0, key_end, Ev, in.v);
   cp_async_commit();
 
   float lse[1][2], delta[1][2];
@@ -158,28 +153,28 @@ __global__ void __launch_bounds__(kTcThreads)
     const int buf = tile % 2;
     cp_async_wait<0>();
     __syncthreads();  // this tile has landed, and every warp is done with the other buffer
-    if (masked) {
-      mask_tile_to_smem<scalar_t, kRowsPerTile, kBN>(p, sMask, b, h, i0, j0, mask_async);
+    if (in.masked) {
+      mask_tile_to_smem<scalar_t, kRowsPerTile, kBN>(p, sMask, b, h, i0, j0, in.mask_async);
       cp_async_commit();
     }
     if (j0 + kBN < key_end) {
       tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK[buf ^ 1], p.k, p.k_strides, b, hk, j0 + kBN, key_end, E,
-                                                        k_async);
+                                                        in.k);
       tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV[buf ^ 1], p.v, p.v_strides, b, hk, j0 + kBN, key_end, Ev,
-                                                         v_async);
+                                                         in.v);
     }
     cp_async_commit();
     float s[1][kNB][4] = {}, dp[1][kNB][4] = {};
     gemm_smem_nt<scalar_t, 1, kNB, kE, kLdK, kLdK>(s, sQ, 16 * warp, sK[buf], 0, E);
     gemm_smem_nt<scalar_t, 1, kNB, kEv, kLdV, kLdV>(dp, sDO, 16 * warp, sV[buf], 0, Ev);
     fragment_scores(p, s, row0, j0, tile_on_edge(p, row0, 16, j0, kBN));
-    if (masked) {
+    if (in.masked) {
       cp_async_wait<1>();
       __syncthreads();  // the mask tile is in
       fragment_add_mask<scalar_t, 1, kNB, kBN>(p, s, sMask, 16 * warp, 0);
     }
     uint32_t keep[1] = {};
-    if (p.has_dropout) fragment_keep_bits<1, kNB>(p, rng, keep, b, h, row0, j0, aligned);
+    if (p.has_dropout) fragment_keep_bits<1, kNB>(p, rng, keep, b, h, row0, j0, in.dropout_aligned);
     fragment_gradients<true>(p, s, dp, lse, delta, keep);
     // dQ_i += sum_j dS_ij K_j
 #pragma unroll
@@ -245,10 +240,7 @@ __global__ void __launch_bounds__(kTcThreads)
   const int64_t b = blockIdx.z, hk = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * kRowsPerTile;
   const int64_t kw0 = j0 + 16 * warp, key_rows = (b * p.kv_heads + hk) * p.keys;
   const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
-  const bool q_async = rows_in_16_byte_chunks(p.q, p.q_strides, E),
-             k_async = rows_in_16_byte_chunks(p.k, p.k_strides, E);
-  const bool v_async = rows_in_16_byte_chunks(p.v, p.v_strides, Ev);
-  const bool do_async = rows_in_16_byte_chunks(a.dout, a.dout_strides, Ev);
+  const InputReads in = input_reads<scalar_t>(p, a.dout, a.dout_strides);
 
   extern __shared__ __align__(16) unsigned char smem[];
   scalar_t* sK = reinterpret_cast<scalar_t*>(smem);
@@ -257,8 +249,6 @@ __global__ void __launch_bounds__(kTcThreads)
   scalar_t* sDO[2] = {sQ[0] + kBM * kLdK, sQ[1] + kBM * kLdK};
   float* sStats = reinterpret_cast<float*>(sK + 3 * kRowsPerTile * (kLdK + kLdV));  // [2][lse, delta][kBM]
   unsigned char* sMask = smem + Shape::kSmem;
-  const bool masked = p.mask_kind != MaskKind::kNone, mask_async = masked && mask_rows_async<scalar_t>(p);
-  const bool aligned = dropout_blocks_aligned(p);
 
   // Query tiles before the causal frontier of the first key see none of these keys.
   int64_t first_tile = 0;
@@ -272,9 +262,9 @@ __global__ void __launch_bounds__(kTcThreads)
   const auto load_step = [&](int64_t u) {
     const int buf = static_cast<int>(u % 2);
     const int64_t h = hk * group + u / tiles, i0 = (first_tile + u % tiles) * kBM;
-    tile_to_smem_async<scalar_t, kBM, kE, kTcThreads>(sQ[buf], p.q, p.q_strides, b, h, i0, p.queries, E, q_async);
+    tile_to_smem_async<scalar_t, kBM, kE, kTcThreads>(sQ[buf], p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
     tile_to_smem_async<scalar_t, kBM, kEv, kTcThreads>(sDO[buf], a.dout, a.dout_strides, b, h, i0, p.queries, Ev,
-                                                       do_async);
+                                                       in.dout);
     const int r = threadIdx.x % kBM;
     const int64_t i = i0 + r, at = (b * p.heads + h) * p.queries + i;
     float* stats = sStats + buf * 2 * kBM;
@@ -283,8 +273,8 @@ __global__ void __launch_bounds__(kTcThreads)
     else
       stats[kBM + r] = i < p.queries ? a.delta[at] : 0.0f;
   };
-  tile_to_smem_async<scalar_t, kRowsPerTile, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, j0, p.keys, E, k_async);
-  tile_to_smem_async<scalar_t, kRowsPerTile, kEv, kTcThreads>(sV, p.v, p.v_strides, b, hk, j0, p.keys, Ev, v_async);
+  tile_to_smem_async<scalar_t, kRowsPerTile, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, j0, p.keys, E, in.k);
+  tile_to_smem_async<scalar_t, kRowsPerTile, kEv, kTcThreads>(sV, p.v, p.v_strides, b, hk, j0, p.keys, Ev, in.v);
   if (steps > 0) load_step(0);
   cp_async_commit();
 
@@ -298,8 +288,8 @@ __global__ void __launch_bounds__(kTcThreads)
     const int64_t h = hk * group + u / tiles, i0 = (first_tile + u % tiles) * kBM;
     cp_async_wait<0>();
     __syncthreads();  // this step has landed, and every warp is done with the other buffer
-    if (masked) {
-      mask_tile_to_smem<scalar_t, kBM, kRowsPerTile>(p, sMask, b, h, i0, j0, mask_async);
+    if (in.masked) {
+      mask_tile_to_smem<scalar_t, kBM, kRowsPerTile>(p, sMask, b, h, i0, j0, in.mask_async);
       cp_async_commit();
     }
     if (u + 1 < steps) load_step(u + 1);
@@ -318,13 +308,13 @@ __global__ void __launch_bounds__(kTcThreads)
         delta[mi][r] = stats[kBM + 16 * mi + lane / 4 + 8 * r];
       }
     fragment_scores(p, s, i0, kw0, tile_on_edge(p, i0, kBM, kw0, 16));
-    if (masked) {
+    if (in.masked) {
       cp_async_wait<1>();
       __syncthreads();  // the mask tile is in
       fragment_add_mask<scalar_t, kMI, 2, kRowsPerTile>(p, s, sMask, 0, 16 * warp);
     }
     uint32_t keep[kMI] = {};
-    if (p.has_dropout) fragment_keep_bits<kMI, 2>(p, rng, keep, b, h, i0, kw0, aligned);
+    if (p.has_dropout) fragment_keep_bits<kMI, 2>(p, rng, keep, b, h, i0, kw0, in.dropout_aligned);
     fragment_gradients<kWantK>(p, s, dp, lse, delta, keep);
     // dV_j += sum_i (P∘M)_ij dO_i;  dK_j += sum_i dS_ij Q_i   (k runs over the tile's queries)
 #pragma unroll

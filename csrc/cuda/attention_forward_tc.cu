@@ -67,17 +67,13 @@ __global__ void __launch_bounds__(kTcThreads)
   const int64_t hk = h / p.group(), row0 = i0 + warp * 16 * kMI;
   const bool flash = p.numerics == Numerics::kFlash;
   const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
-  const bool q_async = rows_in_16_byte_chunks(p.q, p.q_strides, E),
-             k_async = rows_in_16_byte_chunks(p.k, p.k_strides, E);
-  const bool v_async = rows_in_16_byte_chunks(p.v, p.v_strides, Ev);
+  const InputReads in = input_reads<scalar_t>(p);
 
   extern __shared__ __align__(16) unsigned char smem[];
   scalar_t* sQ = reinterpret_cast<scalar_t*>(smem);
   scalar_t* sK = sQ + kBM * kLdK;
   scalar_t* sV = sK + kBN * kLdK;
   unsigned char* sMask = reinterpret_cast<unsigned char*>(sV + kBN * kLdV);
-  const bool masked = p.mask_kind != MaskKind::kNone, mask_async = masked && mask_rows_async<scalar_t>(p);
-  const bool aligned = dropout_blocks_aligned(p);
 
   // Tiles past the causal frontier are skipped unless K or V holds a non-finite value, which
   // PyTorch's math path carries into every row (NaN - inf, and zero weights times inf).
@@ -86,8 +82,8 @@ __global__ void __launch_bounds__(kTcThreads)
     const int64_t last_row = min(i0 + kBM, p.queries) - 1;
     key_end = max(int64_t{0}, min(key_end, last_row + p.shard.query_start - p.shard.key_start + 1));
   }
-  tile_to_smem_async<scalar_t, kBM, kE, kTcThreads>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, q_async);
-  tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, 0, key_end, E, k_async);
+  tile_to_smem_async<scalar_t, kBM, kE, kTcThreads>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
+  tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, 0, key_end, E, in.k);
   cp_async_commit();
 
   // m: running maximum of a row; l: this lane's part of its running denominator.
@@ -98,11 +94,11 @@ __global__ void __launch_bounds__(kTcThreads)
 
   for (int64_t j0 = 0; j0 < key_end; j0 += kBN) {
     __syncthreads();  // every warp is done with the previous V and mask tile
-    if (masked) {
-      mask_tile_to_smem<scalar_t, kBM, kBN>(p, sMask, b, h, i0, j0, mask_async);
+    if (in.masked) {
+      mask_tile_to_smem<scalar_t, kBM, kBN>(p, sMask, b, h, i0, j0, in.mask_async);
       cp_async_commit();
     }
-    tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV, p.v, p.v_strides, b, hk, j0, key_end, Ev, v_async);
+    tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV, p.v, p.v_strides, b, hk, j0, key_end, Ev, in.v);
     cp_async_commit();
     cp_async_wait<1>();  // Q, this K and this mask tile
     __syncthreads();
@@ -127,14 +123,14 @@ __global__ void __launch_bounds__(kTcThreads)
     }
     __syncthreads();  // every warp is done with this K
     if (j0 + kBN < key_end) {
-      tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, j0 + kBN, key_end, E, k_async);
+      tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, j0 + kBN, key_end, E, in.k);
     }
     cp_async_commit();
 
     fragment_scores(p, s, row0, j0, tile_on_edge(p, row0, 16 * kMI, j0, kBN));
-    if (masked) fragment_add_mask<scalar_t, kMI, kNB, kBN>(p, s, sMask, warp * 16 * kMI, 0);
+    if (in.masked) fragment_add_mask<scalar_t, kMI, kNB, kBN>(p, s, sMask, warp * 16 * kMI, 0);
     uint32_t keep[kMI] = {};
-    if (p.has_dropout) fragment_keep_bits<kMI, kNB>(p, rng, keep, b, h, row0, j0, aligned);
+    if (p.has_dropout) fragment_keep_bits<kMI, kNB>(p, rng, keep, b, h, row0, j0, in.dropout_aligned);
     // m' = max(m, max_j s_ij);  l' = l 2^(m - m') + sum_j P_ij;  o' = o 2^(m - m') + (P∘M) V
 #pragma unroll
     for (int mi = 0; mi < kMI; ++mi) {

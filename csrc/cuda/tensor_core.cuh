@@ -187,6 +187,25 @@ __device__ __forceinline__ bool dropout_blocks_aligned(const AttentionParams& p)
   return p.shard.global_keys % 4 == 0 && p.shard.key_start % 4 == 0;
 }
 
+// How a tensor-core kernel reads its inputs: which operands go by cp.async (the others element by
+// element), whether and how a mask tile is read, whether lanes share dropout blocks.
+struct InputReads {
+  bool q, k, v, dout, masked, mask_async, dropout_aligned;
+};
+template <typename scalar_t>
+__device__ __forceinline__ InputReads input_reads(const AttentionParams& p, const void* dout = nullptr,
+                                                  const Strides4& dout_strides = {}) {
+  const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
+  const bool masked = p.mask_kind != MaskKind::kNone;
+  return {rows_in_16_byte_chunks(p.q, p.q_strides, E),
+          rows_in_16_byte_chunks(p.k, p.k_strides, E),
+          rows_in_16_byte_chunks(p.v, p.v_strides, Ev),
+          dout != nullptr && rows_in_16_byte_chunks(dout, dout_strides, Ev),
+          masked,
+          masked && mask_rows_async<scalar_t>(p),
+          dropout_blocks_aligned(p)};
+}
+
 // SPEC 3's keep decision of every element of a fragment tile, as bits: bit 4 nb + e of bits[mi] is
 // that of s[mi][nb][e]. The keys j, j + 1 of lanes 4g + t and 4g + (t ^ 1) share a Philox block
 // when `aligned` (dropout_blocks_aligned and j0 a multiple of 4): the even lane draws it for row g,
