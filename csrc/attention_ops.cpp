@@ -145,11 +145,11 @@ std::vector<std::string> explain(const at::Tensor& query, const at::Tensor& key,
                                  std::optional<c10::string_view> numerics) {
   const AttentionProblem pb =
       make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, numerics, {-1, 0, -1, 0, -1, 0});
-  std::string backward = backward_kernels(pb).why;
+  std::string backward = explain_backward(pb);
   if (query.is_cuda() && (pb.params.mask_kind == MaskKind::kFloat || pb.params.mask_kind == MaskKind::kFloat32)) {
     backward += "; the float mask's gradient, where asked for, by its CUDA-core kernel";
   }
-  return {forward_kernels(pb).why, backward};
+  return {explain_forward(pb), backward};
 }
 
 }  // namespace

@@ -65,25 +65,36 @@ std::string slow_operands(const AttentionProblem& pb) {
          " read element by element: rows that are not contiguous, 16-byte aligned and a multiple of 8 long";
 }
 
-KernelChoice choose(const AttentionProblem& pb, const std::string& obstacle, const char* tensor_core_name,
-                    const char* cuda_core_name) {
-  if (!pb.q.is_cuda()) return {false, "CPU kernels (" + features(pb) + ")"};
-  if (obstacle.empty()) return {true, std::string(tensor_core_name) + " (" + features(pb) + ")" + slow_operands(pb)};
-  return {false, std::string(cuda_core_name) + " (" + features(pb) + "), because " + obstacle};
+std::string explanation(const AttentionProblem& pb, const KernelChoice& choice, const char* tensor_core_name,
+                        const char* cuda_core_name) {
+  if (!pb.q.is_cuda()) return "CPU kernels (" + features(pb) + ")";
+  if (choice.tensor_cores) return std::string(tensor_core_name) + " (" + features(pb) + ")" + slow_operands(pb);
+  return std::string(cuda_core_name) + " (" + features(pb) + "), because " + choice.obstacle;
 }
 
 }  // namespace
 
 KernelChoice forward_kernels(const AttentionProblem& pb) {
-  return choose(pb, tensor_core_obstacle(pb), "tensor-core forward (mma.sync)", "CUDA-core forward");
+  if (!pb.q.is_cuda()) return {false, "the inputs are on the CPU"};
+  std::string obstacle = tensor_core_obstacle(pb);
+  return {obstacle.empty(), std::move(obstacle)};
 }
 
 KernelChoice backward_kernels(const AttentionProblem& pb) {
-  std::string obstacle = tensor_core_obstacle(pb);
-  if (obstacle.empty() && pb.params.numerics == Numerics::kExact) {
-    obstacle = "the tensor-core backward computes in flash numerics only";
+  KernelChoice choice = forward_kernels(pb);
+  if (choice.tensor_cores && pb.params.numerics == Numerics::kExact) {
+    choice = {false, "the tensor-core backward computes in flash numerics only"};
   }
-  return choose(pb, obstacle, "tensor-core backward (mma.sync: dQ, then dK/dV per key tile)", "CUDA-core backward");
+  return choice;
+}
+
+std::string explain_forward(const AttentionProblem& pb) {
+  return explanation(pb, forward_kernels(pb), "tensor-core forward (mma.sync)", "CUDA-core forward");
+}
+
+std::string explain_backward(const AttentionProblem& pb) {
+  return explanation(pb, backward_kernels(pb), "tensor-core backward (mma.sync: dQ, then dK/dV per key tile)",
+                     "CUDA-core backward");
 }
 
 }  // namespace rudnn

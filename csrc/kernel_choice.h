@@ -8,12 +8,17 @@
 
 namespace rudnn {
 
+// The dispatch's question, asked on every call: no text is built where the tensor cores run.
 struct KernelChoice {
   bool tensor_cores;
-  std::string why;  // the kernel family and the reason, for people
+  std::string obstacle;  // why the tensor-core kernels cannot take the problem; "" where they run
 };
 
 KernelChoice forward_kernels(const AttentionProblem& pb);
 KernelChoice backward_kernels(const AttentionProblem& pb);
+
+// For people (rudnn.explain): the kernel family, the problem's features and the obstacle.
+std::string explain_forward(const AttentionProblem& pb);
+std::string explain_backward(const AttentionProblem& pb);
 
 }  // namespace rudnn
