@@ -1,4 +1,4 @@
-"""A small grid of shapes for compute-sanitizer: odd sizes, masks, dropout, GQA, every dtype."""
+"""A small grid of shapes for compute-sanitizer: odd sizes, masks, dropout, GQA, documents, every dtype."""
 import torch
 
 import rudnn
@@ -6,7 +6,7 @@ import rudnn
 torch.manual_seed(0)
 for dtype in (torch.float16, torch.float32, torch.float64):
     for L, S, E, Ev, hq, hk in ((1, 1, 8, 8, 1, 1), (17, 33, 40, 24, 4, 2), (70, 45, 130, 136, 2, 1)):
-        for variant in ("plain", "causal", "bool mask", "float mask", "dropout"):
+        for variant in ("plain", "causal", "bool mask", "float mask", "dropout", "documents"):
             q = torch.randn(2, hq, L, E, device="cuda", dtype=dtype, requires_grad=True)
             k = torch.randn(2, hk, S, E, device="cuda", dtype=dtype, requires_grad=True)
             v = torch.randn(2, hk, S, Ev, device="cuda", dtype=dtype, requires_grad=True)
@@ -15,9 +15,13 @@ for dtype in (torch.float16, torch.float32, torch.float64):
                 mask = torch.rand(L, S, device="cuda") > 0.3
             elif variant == "float mask":
                 mask = torch.randn(hq, 1, S, device="cuda", dtype=dtype, requires_grad=True)
-            out = rudnn.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=variant == "causal",
+            documents = None
+            if variant == "documents":  # a causal split into three, one of them empty on the keys' side
+                documents = (torch.arange(L, device="cuda") * 3 // L, torch.arange(S, device="cuda") * 3 // S * 2)
+            out = rudnn.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                     is_causal=variant in ("causal", "documents"),
                                                      dropout_p=0.3 if variant == "dropout" else 0.0,
-                                                     enable_gqa=hq != hk)
+                                                     enable_gqa=hq != hk, document_ids=documents)
             out.backward(torch.randn_like(out))
     mask = rudnn.dropout_mask(2, 3, 5, 7, 0.5, 1, 2, dtype=dtype, device="cuda")
 torch.cuda.synchronize()

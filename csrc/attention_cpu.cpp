@@ -89,8 +89,17 @@ class Tiles {
            kv_finite_.const_data_ptr<bool>()[b * p_.kv_heads + hk];
   }
 
+  // Packed documents: no row of the tile sees any of its keys. Such tiles are skipped whatever
+  // K and V hold: documents are apart, as in a batch of them.
+  bool outside(int64_t b, Span qs, Span ks) const {
+    if (p_.key_windows == nullptr) return false;
+    const int32_t* w = p_.key_windows + 2 * b * p_.queries;
+    return ks.start + ks.size <= w[2 * qs.start] || ks.start >= w[2 * (qs.start + qs.size - 1) + 1];
+  }
+
   // s_ij = unit * (scale * q_i.k_j + mask_ij), minus inf where key j takes no part: excluded
-  // scores get -inf added, as in PyTorch's math path, so a NaN score stays NaN.
+  // scores get -inf added, as in PyTorch's math path, so a NaN score stays NaN; keys of other
+  // documents get -inf.
   // q_scaled: the query rows times unit * scale.
   at::Tensor scores(const at::Tensor& q_scaled, const at::Tensor& k, int64_t b, int64_t h, Span qs, Span ks) const {
     at::Tensor s = at::mm(q_scaled, k.t());
@@ -109,6 +118,16 @@ class Tiles {
       // -inf where (local) j - i > qs.start + diagonal - ks.start: the upper triangle from there.
       const int64_t first = qs.start + causal_diagonal() - ks.start + 1;
       s.add_(at::full({qs.size, ks.size}, -kInf, s.options()).triu_(first));
+    }
+    if (p_.key_windows != nullptr) {
+      const int32_t* w = p_.key_windows + 2 * b * p_.queries;
+      const bool inside = ks.start >= w[2 * (qs.start + qs.size - 1)] && ks.start + ks.size <= w[2 * qs.start + 1];
+      if (!inside) {
+        const at::Tensor window = pb_.key_windows.select(0, b).narrow(0, qs.start, qs.size);
+        const at::Tensor j = at::arange(ks.start, ks.start + ks.size, window.options()).unsqueeze(0);
+        s.masked_fill_((j < window.select(1, 0).unsqueeze(1)).logical_or_(j >= window.select(1, 1).unsqueeze(1)),
+                       -kInf);
+      }
     }
     return s;
   }
@@ -196,6 +215,7 @@ void attention_forward_cpu(const AttentionProblem& pb, const at::Tensor& out, co
     for (int64_t kt = 0; kt < t.key_tiles(); ++kt) {
       const Span ks = t.key_tile(kt);
       if (t.skip(b, hk, qs, ks)) break;  // so is every later tile
+      if (t.outside(b, qs, ks)) continue;
       // m' = max(m, max_j s_ij);  l' = l * base^(m - m') + sum_j P_ij;  acc' = acc * base^(m - m') + (P∘M) V
       at::Tensor s = t.scores(q, t.rows(pb.k, b, hk, ks), b, h, qs, ks);
       at::Tensor m_next = at::maximum(m, s.amax(1));
@@ -257,6 +277,7 @@ void attention_backward_cpu(const AttentionProblem& pb, const at::Tensor& grad_o
       for (int64_t kt = 0; kt < t.key_tiles(); ++kt) {
         const Span ks = t.key_tile(kt);
         if (t.skip(b, hk, qs, ks)) break;
+        if (t.outside(b, qs, ks)) continue;
         const TileProbs g = t.probs(q, dout, t.rows(pb.k, b, hk, ks), t.rows(pb.v, b, hk, ks), lse_rows, b, h, qs, ks);
         d.add_((g.p * g.dp).sum(1));
       }
@@ -289,6 +310,7 @@ void attention_backward_cpu(const AttentionProblem& pb, const at::Tensor& grad_o
           for (int64_t kt = 0; kt < t.key_tiles(); ++kt) {
             const Span ks = t.key_tile(kt);
             if (t.skip(b, hk, qs, ks)) break;
+            if (t.outside(b, qs, ks)) continue;
             const at::Tensor k = t.rows(pb.k, b, hk, ks);
             TileProbs g = t.probs(q_scaled, dout, k, t.rows(pb.v, b, hk, ks), lse_rows, b, h, qs, ks);
             // dS_ij = P_ij (dP_ij - D_i);  dQ_i += dS_ij K_j;  dK_j += dS_ij Q_i;  dV_j += (P∘M)_ij dO_i
@@ -340,6 +362,7 @@ void attention_backward_cpu(const AttentionProblem& pb, const at::Tensor& grad_o
             const at::Tensor d_rows = head_rows(delta, b, h, qs).unsqueeze(1);
             for (int64_t kt = 0; kt < t.key_tiles(); ++kt) {
               const Span ks = t.key_tile(kt);
+              if (t.outside(b, qs, ks)) continue;
               TileProbs g = t.probs(q, dout, t.rows(pb.k, b, hk, ks), t.rows(pb.v, b, hk, ks), lse_rows, b, h, qs, ks);
               at::Tensor ds = g.dp.sub_(d_rows).mul_(g.p);
               if (p.mask_queries == 1) ds = ds.sum(0, /*keepdim=*/true);

@@ -50,9 +50,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal, std::optional<double> scale,
     bool enable_gqa, std::optional<c10::string_view> numerics, const std::optional<at::Tensor>& dropout_state,
-    at::IntArrayRef shard, bool /*deterministic: carried to the backward*/) {
-  AttentionProblem pb =
-      make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, numerics, shard);
+    at::IntArrayRef shard, bool /*deterministic: carried to the backward*/,
+    const std::optional<at::Tensor>& query_documents, const std::optional<at::Tensor>& key_documents) {
+  AttentionProblem pb = make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, numerics,
+                                     shard, query_documents, key_documents);
   AttentionParams& p = pb.params;
   at::Tensor state = at::empty({0}, query.options().dtype(at::kLong));
   if (p.has_dropout) {
@@ -78,9 +79,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& attn_mask, const at::Tensor& out,
     const at::Tensor& lse, double dropout_p, bool is_causal, std::optional<double> scale, bool enable_gqa,
     std::optional<c10::string_view> numerics, const at::Tensor& dropout_state, at::IntArrayRef shard,
-    bool mask_grad, bool deterministic) {
-  AttentionProblem pb =
-      make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, numerics, shard);
+    bool mask_grad, bool deterministic, const std::optional<at::Tensor>& query_documents,
+    const std::optional<at::Tensor>& key_documents) {
+  AttentionProblem pb = make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, numerics,
+                                     shard, query_documents, key_documents);
   AttentionParams& p = pb.params;
   if (p.has_dropout) set_dropout_state(p, dropout_state, dropout_p, query.device());
   const at::ScalarType stats = stats_dtype(query.scalar_type());
@@ -158,13 +160,14 @@ TORCH_LIBRARY(rudnn, m) {
   m.def(
       "attention_forward(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, float dropout_p, "
       "bool is_causal, float? scale, bool enable_gqa, str? numerics, Tensor? dropout_state, int[] shard, "
-      "bool deterministic=True) "
+      "bool deterministic=True, Tensor? query_documents=None, Tensor? key_documents=None) "
       "-> (Tensor out, Tensor lse, Tensor dropout_state)",
       {at::Tag::nondeterministic_seeded});
   m.def(
       "attention_backward(Tensor grad_out, Tensor? grad_lse, Tensor query, Tensor key, Tensor value, "
       "Tensor? attn_mask, Tensor out, Tensor lse, float dropout_p, bool is_causal, float? scale, "
-      "bool enable_gqa, str? numerics, Tensor dropout_state, int[] shard, bool mask_grad, bool deterministic=True) "
+      "bool enable_gqa, str? numerics, Tensor dropout_state, int[] shard, bool mask_grad, bool deterministic=True, "
+      "Tensor? query_documents=None, Tensor? key_documents=None) "
       "-> (Tensor grad_query, Tensor grad_key, Tensor grad_value, Tensor grad_attn_mask)");
   m.def("dropout_mask(Tensor dropout_state, int[] size, float p, int[] shard, ScalarType dtype) -> Tensor");
   m.def(

@@ -54,6 +54,10 @@ struct AttentionParams {
   // CUDA: (seed, offset) of the dropout generator in device memory, read by the kernels so that
   // CUDA graphs replay with the generator's current state. rng.seed/offset hold them on the CPU.
   const int64_t* rng_state;
+  // Packed documents (documents.h), null without: key_windows[2 (b L + i) + {0, 1}] = [lo, hi),
+  // the keys query row i sees; query_windows[2 (b S + j) + {0, 1}], the query rows that see key j.
+  // They carry the documents' causality; is_causal is then false.
+  const int32_t *key_windows, *query_windows;
 
   RUDNN_HOST_DEVICE_FN int64_t group() const { return heads / kv_heads; }
   // Kernels keep scores in the base of their exponential: e (exact), or 2 with log2(e) folded in

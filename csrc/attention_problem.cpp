@@ -6,6 +6,8 @@
 
 #include <cmath>
 
+#include "documents.h"
+
 namespace rudnn {
 namespace {
 
@@ -46,6 +48,24 @@ Numerics parse_numerics(std::optional<std::string_view> numerics, at::ScalarType
   if (*numerics == "exact") return Numerics::kExact;
   if (*numerics == "flash") return Numerics::kFlash;
   TORCH_CHECK_VALUE(false, "numerics must be None, 'exact' or 'flash', but got '", *numerics, "'");
+}
+
+// Document ids (N..., n), broadcast to the batch dims, as (B, n) int64.
+at::Tensor canonical_ids(const at::Tensor& ids, const std::vector<int64_t>& batch, int64_t n, const at::Device& device,
+                         const char* name) {
+  TORCH_CHECK_VALUE(at::isIntegralType(ids.scalar_type(), /*includeBool=*/false), name,
+                    " must be an integer tensor, but got ", ids.scalar_type());
+  TORCH_CHECK(ids.device() == device, name, " must be on the device of query (", device, "), but is on ",
+              ids.device());
+  const auto full = concat(batch, {n});
+  const int64_t rank = static_cast<int64_t>(full.size());
+  bool fits = ids.dim() >= 1 && ids.dim() <= rank && ids.size(-1) == n;
+  const std::vector<int64_t> sizes = fits ? padded(ids.sizes(), rank) : std::vector<int64_t>{};
+  for (int64_t d = 0; fits && d < rank - 1; ++d) fits = sizes[d] == 1 || sizes[d] == full[d];
+  TORCH_CHECK_VALUE(fits, name, " of shape ", ids.sizes(), " does not broadcast to ", at::IntArrayRef(full),
+                    " (N..., sequence length)");
+  const int64_t rows = c10::multiply_integers(batch.begin(), batch.end());
+  return ids.reshape(sizes).expand(full).reshape({rows, n}).to(at::kLong).contiguous();
 }
 
 }  // namespace
@@ -96,7 +116,9 @@ at::Tensor gradient_to_input(const at::Tensor& grad, at::IntArrayRef full, at::I
 AttentionProblem make_problem(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                               const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                               std::optional<double> scale, bool enable_gqa,
-                              std::optional<std::string_view> numerics, at::IntArrayRef shard) {
+                              std::optional<std::string_view> numerics, at::IntArrayRef shard,
+                              const std::optional<at::Tensor>& query_documents,
+                              const std::optional<at::Tensor>& key_documents) {
   TORCH_CHECK(query.dim() >= 2 && key.dim() >= 2 && value.dim() >= 2,
               "Expected query, key, and value to all be at least 2 dimensional, but got query.dim: ",
               query.dim(), " key.dim: ", key.dim(), " and value.dim: ", value.dim(), " instead.");
@@ -215,6 +237,24 @@ AttentionProblem make_problem(const at::Tensor& query, const at::Tensor& key, co
   p.has_dropout = dropout_p > 0.0;
   p.rng = DropoutRng{0, 0, static_cast<float>(dropout_p), 0.0};
   p.shard = make_shard(shard, heads, L, S);
+
+  p.key_windows = p.query_windows = nullptr;
+  TORCH_CHECK_VALUE(query_documents.has_value() == key_documents.has_value(),
+                    "document ids must be given for both queries and keys, or for neither");
+  if (query_documents.has_value()) {
+    // Documents carry causality within each one; the shard then only places dropout.
+    TORCH_CHECK_VALUE(!is_causal || p.shard.query_start == p.shard.key_start,
+                      "is_causal with document ids is causal within each document: a dropout_shard's "
+                      "query_start and key_start must then be equal");
+    const DocumentWindows w =
+        document_windows(canonical_ids(*query_documents, batch, L, query.device(), "query document ids"),
+                         canonical_ids(*key_documents, batch, S, query.device(), "key document ids"), is_causal);
+    pb.key_windows = w.keys;
+    pb.query_windows = w.queries;
+    p.key_windows = w.keys.const_data_ptr<int32_t>();
+    p.query_windows = w.queries.const_data_ptr<int32_t>();
+    p.is_causal = false;
+  }
   return pb;
 }
 

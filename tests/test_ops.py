@@ -26,6 +26,9 @@ FORWARD_CASES = {
     "bool mask bf16": lambda d: (*_inputs(d, torch.bfloat16), torch.rand(2, 1, 9, 11, device=d) > 0.5, 0.0, False,
                                  None, False, "flash", None, SHARD),
     "dropout": lambda d: (*_inputs(d), None, 0.25, False, None, False, None, _state(d), [8, 2, -1, 0, -1, 0]),
+    "documents": lambda d: (*_inputs(d), None, 0.0, True, None, False, None, None, SHARD, True,
+                            torch.tensor([[0, 0, 0, 1, 1, 3, 3, 3, 3]] * 2, device=d),
+                            torch.tensor([[0, 0, 1, 1, 1, 1, 2, 3, 3, 3, 3]] * 2, device=d)),
 }
 
 
@@ -43,7 +46,7 @@ def test_opcheck_backward(device, name):
     mask_grad = mask is not None and mask.is_floating_point()
     torch.library.opcheck(torch.ops.rudnn.attention_backward.default,
                           (torch.randn_like(out), torch.randn_like(lse), q, k, v, mask, out, lse, *args[4:9], state,
-                           args[10], mask_grad))
+                           args[10], mask_grad, *args[11:]))
 
 
 def test_opcheck_dropout_mask(device):

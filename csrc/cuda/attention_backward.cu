@@ -70,7 +70,8 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
   for (int pass = mode.form_delta ? 0 : 1; pass < 2; ++pass) {
     const bool cached = pass == 1 && mode.cache_tiles > 0;
     int tile = 0;
-    for (int64_t j0 = 0; j0 < p.keys; j0 += kBN, ++tile) {
+    const RowRange keys = document_keys(p, b, i0, kBM, kBN);
+    for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBN, ++tile) {
       if (can_skip && j0 - last_row > diagonal) break;
       __syncthreads();  // the previous tile is consumed
       load_tile<scalar_t, Cfg, kBN, true>(sK, p.k, p.k_strides, b, hk, j0, p.keys, E, acc_t(1));
@@ -171,13 +172,14 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
   const int64_t diagonal = p.shard.query_start - p.shard.key_start;
   // Causal: query rows before first_row see none of these keys; skipped unless K or V is non-finite.
   const bool can_skip = p.is_causal && a.kv_finite[b * p.kv_heads + hk];
-  const int64_t first_row = can_skip && j0 > diagonal ? (j0 - diagonal) / kBN * kBN : 0;
+  const RowRange queries = document_queries(p, b, j0, kBM, kBN);
+  const int64_t first_row = max(queries.begin, can_skip && j0 > diagonal ? (j0 - diagonal) / kBN * kBN : 0);
   const int64_t key_rows = (b * p.kv_heads + hk) * p.keys;
   const int64_t j = j0 + ty * kTM;  // this thread's first key
 
   for (int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
     const int64_t rows = (b * p.heads + h) * p.queries;
-    for (int64_t i0 = first_row; i0 < p.queries; i0 += kBN) {
+    for (int64_t i0 = first_row; i0 < queries.end; i0 += kBN) {
       __syncthreads();  // the previous tile is consumed
       load_tile<scalar_t, Cfg, kBN, true>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, acc_t(1));
       load_tile<scalar_t, Cfg, kBN, true>(sDO, a.dout, a.dout_strides, b, h, i0, p.queries, Ev, acc_t(1));
@@ -192,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
       acc_t s[kTM][kTN] = {}, dp[kTM][kTN] = {};
       gemm_nt<Cfg>(s, sK, sQ, round_up(E, Cfg::kVec));
       gemm_nt<Cfg>(dp, sV, sDO, round_up(Ev, Cfg::kVec));
-      const bool edge = tile_on_edge(p, i0, kBN, j0, kBM);
+      const bool edge = tile_on_edge(p, b, i0, kBN, j0, kBM);
 #pragma unroll
       for (int c = 0; c < kTN; ++c) {
         const int64_t i = i0 + tx * kTN + c;

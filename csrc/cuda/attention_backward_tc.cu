@@ -128,7 +128,8 @@ __global__ void __launch_bounds__(kTcThreads)
   scalar_t* sV[2] = {sK[0] + kBN * kLdK, sK[1] + kBN * kLdK};
   unsigned char* sMask = smem + Shape::kSmem;
 
-  int64_t key_end = p.keys;
+  const RowRange keys = document_keys(p, b, i0, kRowsPerTile, kBN);
+  int64_t key_end = keys.end;
   if (p.is_causal && a.kv_finite[b * p.kv_heads + hk]) {
     const int64_t last_row = min(i0 + kRowsPerTile, p.queries) - 1;
     key_end = max(int64_t{0}, min(key_end, last_row + p.shard.query_start - p.shard.key_start + 1));
@@ -136,8 +137,8 @@ __global__ void __launch_bounds__(kTcThreads)
   tile_to_smem_async<scalar_t, kRowsPerTile, kE, kTcThreads>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
   tile_to_smem_async<scalar_t, kRowsPerTile, kEv, kTcThreads>(sDO, a.dout, a.dout_strides, b, h, i0, p.queries, Ev,
                                                               in.dout);
-  tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK[0], p.k, p.k_strides, b, hk, 0, key_end, E, in.k);
-  tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV[0], p.v, p.v_strides, b, hk, 0, key_end, Ev, in.v);
+  tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK[0], p.k, p.k_strides, b, hk, keys.begin, key_end, E, in.k);
+  tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV[0], p.v, p.v_strides, b, hk, keys.begin, key_end, Ev, in.v);
   cp_async_commit();
 
   float lse[1][2], delta[1][2];
@@ -149,7 +150,7 @@ __global__ void __launch_bounds__(kTcThreads)
   }
   const DropoutRng rng = device_rng(p);
   float acc[kE / 8][4] = {};
-  for (int64_t j0 = 0, tile = 0; j0 < key_end; j0 += kBN, ++tile) {
+  for (int64_t j0 = keys.begin, tile = 0; j0 < key_end; j0 += kBN, ++tile) {
     const int buf = tile % 2;
     cp_async_wait<0>();
     __syncthreads();  // this tile has landed, and every warp is done with the other buffer
@@ -167,7 +168,7 @@ __global__ void __launch_bounds__(kTcThreads)
     float s[1][kNB][4] = {}, dp[1][kNB][4] = {};
     gemm_smem_nt<scalar_t, 1, kNB, kE, kLdK, kLdK>(s, sQ, 16 * warp, sK[buf], 0, E);
     gemm_smem_nt<scalar_t, 1, kNB, kEv, kLdV, kLdV>(dp, sDO, 16 * warp, sV[buf], 0, Ev);
-    fragment_scores(p, s, row0, j0, tile_on_edge(p, row0, 16, j0, kBN));
+    fragment_scores(p, s, b, row0, j0, tile_on_edge(p, b, row0, 16, j0, kBN));
     if (in.masked) {
       cp_async_wait<1>();
       __syncthreads();  // the mask tile is in
@@ -250,12 +251,14 @@ __global__ void __launch_bounds__(kTcThreads)
   float* sStats = reinterpret_cast<float*>(sK + 3 * kRowsPerTile * (kLdK + kLdV));  // [2][lse, delta][kBM]
   unsigned char* sMask = smem + Shape::kSmem;
 
-  // Query tiles before the causal frontier of the first key see none of these keys.
-  int64_t first_tile = 0;
+  // Query tiles outside the keys' documents, or before the causal frontier of the first key, see
+  // none of these keys.
+  const RowRange queries = document_queries(p, b, j0, kRowsPerTile, kBM);
+  int64_t first_tile = queries.begin / kBM;
   if (p.is_causal && a.kv_finite[b * p.kv_heads + hk]) {
-    first_tile = max(int64_t{0}, j0 - (p.shard.query_start - p.shard.key_start)) / kBM;
+    first_tile = max(first_tile, max(int64_t{0}, j0 - (p.shard.query_start - p.shard.key_start)) / kBM);
   }
-  const int64_t tiles = (p.queries + kBM - 1) / kBM - first_tile, group = p.group();
+  const int64_t tiles = (queries.end + kBM - 1) / kBM - first_tile, group = p.group();
   const int64_t steps = tiles > 0 ? tiles * group : 0;
   // Step u: head hk * group + u / tiles, query tile first_tile + u % tiles; its Q, dO and stats
   // go to buffer u % 2.
@@ -307,7 +310,7 @@ __global__ void __launch_bounds__(kTcThreads)
         lse[mi][r] = stats[16 * mi + lane / 4 + 8 * r];
         delta[mi][r] = stats[kBM + 16 * mi + lane / 4 + 8 * r];
       }
-    fragment_scores(p, s, i0, kw0, tile_on_edge(p, i0, kBM, kw0, 16));
+    fragment_scores(p, s, b, i0, kw0, tile_on_edge(p, b, i0, kBM, kw0, 16));
     if (in.masked) {
       cp_async_wait<1>();
       __syncthreads();  // the mask tile is in

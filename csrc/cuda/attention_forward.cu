@@ -45,7 +45,8 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
   const bool can_skip = p.is_causal && kv_finite[b * p.kv_heads + hk];
   const int64_t diagonal = p.shard.query_start - p.shard.key_start;
 
-  for (int64_t j0 = 0; j0 < p.keys; j0 += kBN) {
+  const RowRange keys = document_keys(p, b, i0, kBM, kBN);
+  for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBN) {
     if (can_skip && j0 - last_row > diagonal) break;
     __syncthreads();  // the previous tile is consumed
     load_tile<scalar_t, Cfg, kBN, true>(sK, p.k, p.k_strides, b, hk, j0, p.keys, E, acc_t(1));
@@ -55,7 +56,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
     acc_t s[kTM][kTN] = {};
     gemm_nt<Cfg>(s, sQ, sK, round_up(E, Cfg::kVec));
     const int64_t j = j0 + tx * kTN;
-    const bool edge = tile_on_edge(p, i0, kBM, j0, kBN);
+    const bool edge = tile_on_edge(p, b, i0, kBM, j0, kBN);
     // m' = max(m, max_j s_ij);  l' = l base^(m - m') + sum_j P_ij;  o' = o base^(m - m') + (P∘M) V
 #pragma unroll
     for (int r = 0; r < kTM; ++r) {

@@ -77,13 +77,14 @@ __global__ void __launch_bounds__(kTcThreads)
 
   // Tiles past the causal frontier are skipped unless K or V holds a non-finite value, which
   // PyTorch's math path carries into every row (NaN - inf, and zero weights times inf).
-  int64_t key_end = p.keys;
+  const RowRange keys = document_keys(p, b, i0, kBM, kBN);
+  int64_t key_end = keys.end;
   if (p.is_causal && kv_finite[b * p.kv_heads + hk]) {
     const int64_t last_row = min(i0 + kBM, p.queries) - 1;
     key_end = max(int64_t{0}, min(key_end, last_row + p.shard.query_start - p.shard.key_start + 1));
   }
   tile_to_smem_async<scalar_t, kBM, kE, kTcThreads>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
-  tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, 0, key_end, E, in.k);
+  tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, keys.begin, key_end, E, in.k);
   cp_async_commit();
 
   // m: running maximum of a row; l: this lane's part of its running denominator.
@@ -92,7 +93,7 @@ __global__ void __launch_bounds__(kTcThreads)
   for (int mi = 0; mi < kMI; ++mi) m[mi][0] = m[mi][1] = -INFINITY;
   const DropoutRng rng = device_rng(p);
 
-  for (int64_t j0 = 0; j0 < key_end; j0 += kBN) {
+  for (int64_t j0 = keys.begin; j0 < key_end; j0 += kBN) {
     __syncthreads();  // every warp is done with the previous V and mask tile
     if (in.masked) {
       mask_tile_to_smem<scalar_t, kBM, kBN>(p, sMask, b, h, i0, j0, in.mask_async);
@@ -127,7 +128,7 @@ __global__ void __launch_bounds__(kTcThreads)
     }
     cp_async_commit();
 
-    fragment_scores(p, s, row0, j0, tile_on_edge(p, row0, 16 * kMI, j0, kBN));
+    fragment_scores(p, s, b, row0, j0, tile_on_edge(p, b, row0, 16 * kMI, j0, kBN));
     if (in.masked) fragment_add_mask<scalar_t, kMI, kNB, kBN>(p, s, sMask, warp * 16 * kMI, 0);
     uint32_t keep[kMI] = {};
     if (p.has_dropout) fragment_keep_bits<kMI, kNB>(p, rng, keep, b, h, row0, j0, in.dropout_aligned);

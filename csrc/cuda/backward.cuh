@@ -56,7 +56,7 @@ __device__ __forceinline__ void query_tile_probabilities(const AttentionParams& 
   gemm_nt<Cfg>(s, sQ, sK, round_up(static_cast<int>(p.head_dim), Cfg::kVec));
   gemm_nt<Cfg>(dp, sDO, sV, round_up(static_cast<int>(p.value_dim), Cfg::kVec));
   const int64_t j = j0 + tx * kTN;
-  const bool edge = tile_on_edge(p, i0, Cfg::kBM, j0, Cfg::kBN);
+  const bool edge = tile_on_edge(p, b, i0, Cfg::kBM, j0, Cfg::kBN);
 #pragma unroll
   for (int r = 0; r < kTM; ++r) {
     const int64_t i = i0 + ty * kTM + r;

@@ -6,6 +6,7 @@
 #include <c10/util/Half.h>
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -111,20 +112,28 @@ __device__ __forceinline__ void load_run(const T* src, int64_t stride, int64_t v
   }
 }
 
+// Packed documents: the keys [x, y) that query row i of batch b sees.
+__device__ __forceinline__ int2 key_window(const AttentionParams& p, int64_t b, int64_t i) {
+  return reinterpret_cast<const int2*>(p.key_windows)[b * p.queries + i];
+}
+
 // The score rules of kN consecutive keys j, j + 1, ... of query row i, on raw scores already
-// multiplied by unit * scale: -inf for the padding of a partial tile; -inf added where causality
-// or a bool mask excludes the key, as PyTorch's math path adds it, so that a NaN score stays NaN;
-// + unit * mask for a float mask. `edge`: the run's tile crosses the problem's bounds or the
-// causal frontier; elsewhere those checks are skipped.
+// multiplied by unit * scale: -inf for the padding of a partial tile and for keys of other
+// documents; -inf added where causality or a bool mask excludes the key, as PyTorch's math path
+// adds it, so that a NaN score stays NaN; + unit * mask for a float mask. `edge`: the run's tile
+// crosses the problem's bounds, the causal frontier or a document's (tile_on_edge); elsewhere
+// those checks are skipped.
 template <int kN, typename scalar_t, typename acc_t>
 __device__ __forceinline__ void apply_rules(const AttentionParams& p, acc_t (&s)[kN], int64_t b, int64_t h, int64_t i,
                                             int64_t j, acc_t unit, bool edge) {
   const acc_t neg_inf = -INFINITY;
   if (edge) {
     const int64_t diagonal = p.shard.query_start - p.shard.key_start;
+    int2 window = make_int2(0, INT_MAX);
+    if (p.key_windows != nullptr && i < p.queries) window = key_window(p, b, i);
 #pragma unroll
     for (int e = 0; e < kN; ++e) {
-      if (i >= p.queries || j + e >= p.keys) {
+      if (i >= p.queries || j + e >= p.keys || j + e < window.x || j + e >= window.y) {
         s[e] = neg_inf;
       } else if (p.is_causal && j + e - i > diagonal) {
         s[e] += neg_inf;
@@ -158,11 +167,40 @@ __device__ __forceinline__ void apply_rules(const AttentionParams& p, acc_t (&s)
   }
 }
 
-// Whether a tile of query rows [i0, i0 + rows) and keys [j0, j0 + keys) needs apply_rules' edge
-// checks: it crosses the end of the queries or keys, or the causal frontier.
-__device__ __forceinline__ bool tile_on_edge(const AttentionParams& p, int64_t i0, int rows, int64_t j0, int keys) {
-  return i0 + rows > p.queries || j0 + keys > p.keys ||
-         (p.is_causal && j0 + keys - 1 - i0 > p.shard.query_start - p.shard.key_start);
+// Whether a tile of query rows [i0, i0 + rows) of batch b and keys [j0, j0 + keys) needs
+// apply_rules' edge checks: it crosses the end of the queries or keys, the causal frontier, or
+// the window of one of its rows (the windows are monotone: the last row's starts last, the
+// first row's ends first).
+__device__ __forceinline__ bool tile_on_edge(const AttentionParams& p, int64_t b, int64_t i0, int rows, int64_t j0,
+                                             int keys) {
+  if (i0 + rows > p.queries || j0 + keys > p.keys) return true;
+  if (p.is_causal && j0 + keys - 1 - i0 > p.shard.query_start - p.shard.key_start) return true;
+  return p.key_windows != nullptr && (j0 < key_window(p, b, i0 + rows - 1).x || j0 + keys > key_window(p, b, i0).y);
+}
+
+// Rows [begin, end) of the other side that a tile's rows see through their documents, begin
+// rounded down to a multiple of `align` so that tiles keep their places; everything without
+// documents.
+struct RowRange {
+  int64_t begin, end;
+};
+__device__ __forceinline__ RowRange document_span(const int32_t* windows, int64_t first, int64_t last, int64_t all,
+                                                  int align) {
+  if (windows == nullptr) return {0, all};
+  const int64_t begin = windows[2 * first], end = windows[2 * last + 1];
+  return begin < end ? RowRange{begin / align * align, end} : RowRange{end, end};
+}
+// The keys that query rows [i0, i0 + rows) of batch b see.
+__device__ __forceinline__ RowRange document_keys(const AttentionParams& p, int64_t b, int64_t i0, int rows,
+                                                  int align) {
+  const int64_t row0 = b * p.queries;
+  return document_span(p.key_windows, row0 + i0, row0 + min(i0 + rows, p.queries) - 1, p.keys, align);
+}
+// The query rows that see keys [j0, j0 + keys) of batch b.
+__device__ __forceinline__ RowRange document_queries(const AttentionParams& p, int64_t b, int64_t j0, int keys,
+                                                     int align) {
+  const int64_t key0 = b * p.keys;
+  return document_span(p.query_windows, key0 + j0, key0 + min(j0 + keys, p.keys) - 1, p.queries, align);
 }
 
 __device__ __forceinline__ uint32_t philox_word(const Philox4& bits, uint32_t index) {

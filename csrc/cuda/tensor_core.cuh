@@ -53,10 +53,11 @@ __device__ __forceinline__ void for_each_pair(int64_t row0, int64_t j0, F&& f) {
 constexpr float kTcUnit = static_cast<float>(kLog2e);
 
 // Raw products q.k to scores (times scale * kTcUnit); on `edge` tiles (tile_on_edge) -inf past
-// the problem's bounds and -inf added beyond the causal frontier (apply_rules' rules).
+// the problem's bounds and for keys of other documents, -inf added beyond the causal frontier
+// (apply_rules' rules).
 template <int kMI, int kNB>
-__device__ __forceinline__ void fragment_scores(const AttentionParams& p, float (&s)[kMI][kNB][4], int64_t row0,
-                                                int64_t j0, bool edge) {
+__device__ __forceinline__ void fragment_scores(const AttentionParams& p, float (&s)[kMI][kNB][4], int64_t b,
+                                                int64_t row0, int64_t j0, bool edge) {
   const float scale = static_cast<float>(p.scale) * kTcUnit;
 #pragma unroll
   for (int mi = 0; mi < kMI; ++mi)
@@ -67,10 +68,12 @@ __device__ __forceinline__ void fragment_scores(const AttentionParams& p, float 
   if (!edge) return;
   const int64_t diagonal = p.shard.query_start - p.shard.key_start;
   for_each_pair<kMI, kNB>(row0, j0, [&](int mi, int nb, int r, int64_t i, int64_t j) {
+    int2 window = make_int2(0, INT_MAX);
+    if (p.key_windows != nullptr && i < p.queries) window = key_window(p, b, i);
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       float& x = s[mi][nb][2 * r + e];
-      if (i >= p.queries || j + e >= p.keys) {
+      if (i >= p.queries || j + e >= p.keys || j + e < window.x || j + e >= window.y) {
         x = -INFINITY;
       } else if (p.is_causal && j + e - i > diagonal) {
         x += -INFINITY;

@@ -46,9 +46,33 @@ def _dropout_state(seed, offset, device):
     return torch.tensor(words, dtype=torch.int64, device=device)
 
 
+def document_pair(document_ids, queries, keys):
+    """(query ids, key ids) from `document_ids`: None, one tensor for both (L == S), or a pair."""
+    if document_ids is None:
+        return None, None
+    if isinstance(document_ids, torch.Tensor):
+        if queries != keys:
+            raise ValueError(f"one document_ids tensor needs as many queries as keys, but got L={queries} and "
+                             f"S={keys}: pass (query_ids, key_ids)")
+        return document_ids, document_ids
+    query_ids, key_ids = document_ids
+    return query_ids, key_ids
+
+
+def forward_op(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, document_ids, dropout_seed,
+               dropout_offset, dropout_shard, numerics, deterministic):
+    """rudnn::attention_forward on the public functions' arguments: (out, lse, dropout state)."""
+    state = _dropout_state(dropout_seed, dropout_offset, query.device) if dropout_p > 0 else None
+    shard = (dropout_shard if dropout_shard is not None else DropoutShard()).as_list()
+    query_ids, key_ids = document_pair(document_ids, query.size(-2), key.size(-2))
+    return torch.ops.rudnn.attention_forward(query, key, value, attn_mask, float(dropout_p), bool(is_causal), scale,
+                                             bool(enable_gqa), numerics, state, shard, bool(deterministic),
+                                             query_ids, key_ids)
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False, *, dropout_seed=None, dropout_offset=None, dropout_shard=None,
-                                 return_lse=False, numerics=None, deterministic=True):
+                                 enable_gqa=False, *, document_ids=None, dropout_seed=None, dropout_offset=None,
+                                 dropout_shard=None, return_lse=False, numerics=None, deterministic=True):
     """Drop-in for torch.nn.functional.scaled_dot_product_attention.
 
     query (N..., Hq, L, E), key (N..., Hk, S, E), value (N..., Hk, S, Ev) -> (N..., Hq, L, Ev).
@@ -56,6 +80,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     feature (masks and their gradients, dropout with GQA, any head dims, float64) works.
 
     Extras:
+      document_ids: packed documents (SPEC 6): integer ids (N..., L), non-decreasing along the
+        sequence, for queries and keys alike, or a pair (query ids (N..., L), key ids (N..., S)).
+        A query sees only the keys of its document; is_causal is then causal within each document
+        (the k-th key of a document is seen from the document's k-th query on). Tiles that cross no
+        document of theirs are skipped: work grows with the sum of squared document lengths.
+        Documents are apart as in a batch, except that a NaN/inf in K or V can reach the rows of a
+        neighbouring document that shares a tile with it. Validating the ids synchronises once.
       dropout_seed, dropout_offset: the 64-bit Philox seed and counter offset of the dropout mask;
         by default drawn from PyTorch's generator of the device.
       dropout_shard: a DropoutShard placing this call in a larger problem, so that pieces computed
@@ -68,11 +99,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         backward); the default gives bitwise-repeatable gradients. The CPU backward is
         always deterministic.
     """
-    state = _dropout_state(dropout_seed, dropout_offset, query.device) if dropout_p > 0 else None
-    shard = (dropout_shard if dropout_shard is not None else DropoutShard()).as_list()
-    out, lse, _ = torch.ops.rudnn.attention_forward(query, key, value, attn_mask, float(dropout_p), bool(is_causal),
-                                                    scale, bool(enable_gqa), numerics, state, shard,
-                                                    bool(deterministic))
+    out, lse, _ = forward_op(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, document_ids,
+                             dropout_seed, dropout_offset, dropout_shard, numerics, deterministic)
     return (out, lse) if return_lse else out
 
 
