@@ -2,6 +2,7 @@
 # What the developers run on the GPU machine after every change to CUDA code: build for the GPU,
 # then the named steps.   bash benchmarks/gpu_check.sh [tests] [sanitize] [bench] [documents] [long] [profile]
 #   tests     the whole test suite's CUDA half (device-parametrised tests, test_cuda.py, test_tensor_cores.py)
+#             and the error-message tests (the machine's own build of the host code)
 #   sanitize  compute-sanitizer memcheck and racecheck on a small grid of shapes
 #   bench     benchmarks/bench_attention.py on the GPU, JSON into $OUT
 #   documents benchmarks/bench_documents.py: packed documents, 128k tokens, JSON into $OUT
@@ -24,7 +25,7 @@ for step in "$@"; do
   start=$(date +%s)
   case "$step" in
     tests)
-      python3 -m pytest tests -q --maxfail=20 -k "cuda or tensor_core" -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -n 40
+      python3 -m pytest tests -q --maxfail=20 -k "cuda or tensor_core or test_errors" -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -n 40
       status=$((status | PIPESTATUS[0])) ;;
     sanitize)
       for tool in memcheck racecheck; do

@@ -41,24 +41,24 @@ at::ScalarType stats_dtype(at::ScalarType input) { return input == at::kDouble ?
 
 void check_like(const at::Tensor& t, at::IntArrayRef shape, at::ScalarType dtype, const at::Device& device,
                 const char* name) {
-  TORCH_CHECK(t.sizes() == shape, name, " must have shape ", shape, ", but got ", t.sizes());
-  TORCH_CHECK(t.scalar_type() == dtype && t.device() == device, name, " must be ", dtype, " on ", device,
-              ", but is ", t.scalar_type(), " on ", t.device());
+  TORCH_CHECK(t.sizes() == shape, name, " must have shape ", shape_text(shape), ", but got ", shape_text(t.sizes()));
+  TORCH_CHECK(t.scalar_type() == dtype && t.device() == device, name, " must be ", dtype, " on ", device, ", but is ",
+              t.scalar_type(), " on ", t.device());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
-    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-    const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal, std::optional<double> scale,
-    bool enable_gqa, std::optional<c10::string_view> numerics, const std::optional<at::Tensor>& dropout_state,
-    at::IntArrayRef shard, bool /*deterministic: carried to the backward*/,
-    const std::optional<at::Tensor>& query_documents, const std::optional<at::Tensor>& key_documents) {
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& attn_mask,
+    double dropout_p, bool is_causal, std::optional<double> scale, bool enable_gqa,
+    std::optional<c10::string_view> numerics, const std::optional<at::Tensor>& dropout_state, at::IntArrayRef shard,
+    bool /*deterministic: carried to the backward*/, const std::optional<at::Tensor>& query_documents,
+    const std::optional<at::Tensor>& key_documents) {
   AttentionProblem pb = make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, numerics,
                                      shard, query_documents, key_documents);
   AttentionParams& p = pb.params;
   at::Tensor state = at::empty({0}, query.options().dtype(at::kLong));
   if (p.has_dropout) {
-    state = dropout_state.has_value() ? dropout_state->clone()
-                                      : draw_dropout_state(query.device(), dropout_counters(p));
+    state =
+        dropout_state.has_value() ? dropout_state->clone() : draw_dropout_state(query.device(), dropout_counters(p));
     set_dropout_state(p, state, dropout_p, query.device());
   }
   at::Tensor out = at::empty({p.batch, p.heads, p.queries, p.value_dim}, query.options());
@@ -78,8 +78,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_lse, const at::Tensor& query,
     const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& attn_mask, const at::Tensor& out,
     const at::Tensor& lse, double dropout_p, bool is_causal, std::optional<double> scale, bool enable_gqa,
-    std::optional<c10::string_view> numerics, const at::Tensor& dropout_state, at::IntArrayRef shard,
-    bool mask_grad, bool deterministic, const std::optional<at::Tensor>& query_documents,
+    std::optional<c10::string_view> numerics, const at::Tensor& dropout_state, at::IntArrayRef shard, bool mask_grad,
+    bool deterministic, const std::optional<at::Tensor>& query_documents,
     const std::optional<at::Tensor>& key_documents) {
   AttentionProblem pb = make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, numerics,
                                      shard, query_documents, key_documents);
@@ -109,8 +109,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
   } else
 #endif
   {  // the CPU backward is deterministic whatever `deterministic` says
-    attention_backward_cpu(pb, grad_out.reshape(values), out.reshape(values), lse.reshape(rows), grad_lse_rows, dq,
-                           dk, dv, dmask);
+    attention_backward_cpu(pb, grad_out.reshape(values), out.reshape(values), lse.reshape(rows), grad_lse_rows, dq, dk,
+                           dv, dmask);
   }
   at::Tensor dmask_out = at::empty({0}, query.options());
   if (mask_grad) {
@@ -123,8 +123,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
 at::Tensor dropout_mask(const at::Tensor& dropout_state, at::IntArrayRef size, double p, at::IntArrayRef shard,
                         at::ScalarType dtype) {
   TORCH_CHECK_VALUE(size.size() == 4 && size[0] >= 0 && size[1] >= 0 && size[2] >= 0 && size[3] >= 0,
-                    "dropout_mask size must be 4 non-negative sizes (batch, heads, queries, keys), but got ", size);
-  TORCH_CHECK_VALUE(p >= 0.0 && p <= 1.0, "dropout probability has to be between 0 and 1, but got ", p);
+                    "dropout_mask size must be 4 non-negative sizes (batch, heads, queries, keys), but got ",
+                    shape_text(size));
+  TORCH_CHECK_VALUE(p >= 0.0 && p <= 1.0, "dropout probability has to be between 0 and 1, but got ", number_text(p));
   TORCH_CHECK_VALUE(at::isFloatingType(dtype), "dropout_mask dtype must be a floating-point type, but got ", dtype);
   const DropoutShard sh = make_shard(shard, size[1], size[2], size[3]);
   AttentionParams params{};
@@ -145,8 +146,8 @@ std::vector<std::string> explain(const at::Tensor& query, const at::Tensor& key,
                                  const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                                  std::optional<double> scale, bool enable_gqa,
                                  std::optional<c10::string_view> numerics) {
-  const AttentionProblem pb =
-      make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, numerics, {-1, 0, -1, 0, -1, 0});
+  const AttentionProblem pb = make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                                           numerics, {-1, 0, -1, 0, -1, 0});
   std::string backward = explain_backward(pb);
   if (query.is_cuda() && (pb.params.mask_kind == MaskKind::kFloat || pb.params.mask_kind == MaskKind::kFloat32)) {
     backward += "; the float mask's gradient, where asked for, by its CUDA-core kernel";

@@ -5,6 +5,7 @@
 #include <c10/util/irange.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include "documents.h"
 
@@ -55,20 +56,33 @@ at::Tensor canonical_ids(const at::Tensor& ids, const std::vector<int64_t>& batc
                          const char* name) {
   TORCH_CHECK_VALUE(at::isIntegralType(ids.scalar_type(), /*includeBool=*/false), name,
                     " must be an integer tensor, but got ", ids.scalar_type());
-  TORCH_CHECK(ids.device() == device, name, " must be on the device of query (", device, "), but is on ",
-              ids.device());
+  TORCH_CHECK(ids.device() == device, name, " must be on the device of query (", device, "), but is on ", ids.device());
   const auto full = concat(batch, {n});
   const int64_t rank = static_cast<int64_t>(full.size());
   bool fits = ids.dim() >= 1 && ids.dim() <= rank && ids.size(-1) == n;
   const std::vector<int64_t> sizes = fits ? padded(ids.sizes(), rank) : std::vector<int64_t>{};
   for (int64_t d = 0; fits && d < rank - 1; ++d) fits = sizes[d] == 1 || sizes[d] == full[d];
-  TORCH_CHECK_VALUE(fits, name, " of shape ", ids.sizes(), " does not broadcast to ", at::IntArrayRef(full),
+  TORCH_CHECK_VALUE(fits, name, " of shape ", shape_text(ids.sizes()), " does not broadcast to ", shape_text(full),
                     " (N..., sequence length)");
   const int64_t rows = c10::multiply_integers(batch.begin(), batch.end());
   return ids.reshape(sizes).expand(full).reshape({rows, n}).to(at::kLong).contiguous();
 }
 
 }  // namespace
+
+std::string number_text(int64_t n) { return std::to_string(n); }
+
+std::string number_text(double x) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", x);
+  return text;
+}
+
+std::string shape_text(at::IntArrayRef sizes) {
+  std::string text = "[";
+  for (size_t d = 0; d < sizes.size(); ++d) text += (d ? ", " : "") + number_text(sizes[d]);
+  return text + "]";
+}
 
 Strides4 strides_of(const at::Tensor& t) {
   // Size-1 dims get stride 0: the same element whatever the index.
@@ -79,16 +93,18 @@ Strides4 strides_of(const at::Tensor& t) {
 DropoutShard make_shard(at::IntArrayRef shard, int64_t heads, int64_t queries, int64_t keys) {
   TORCH_CHECK_VALUE(shard.size() == 6,
                     "dropout shard must have 6 entries (global_heads, head_start, global_queries, "
-                    "query_start, global_keys, key_start), but got ", shard.size());
+                    "query_start, global_keys, key_start), but got ",
+                    number_text(static_cast<int64_t>(shard.size())));
   const char* names[3] = {"heads", "queries", "keys"};
   const int64_t local[3] = {heads, queries, keys};
   int64_t resolved[6];
   for (int d = 0; d < 3; ++d) {
     const int64_t start = shard[2 * d + 1];
     const int64_t global = shard[2 * d] < 0 ? start + local[d] : shard[2 * d];
-    TORCH_CHECK_VALUE(start >= 0, "dropout shard: ", names[d], " start must be >= 0, but got ", start);
-    TORCH_CHECK_VALUE(start + local[d] <= global, "dropout shard: ", names[d], " start (", start, ") + local ",
-                      names[d], " (", local[d], ") exceeds global ", names[d], " (", global, ")");
+    TORCH_CHECK_VALUE(start >= 0, "dropout shard: ", names[d], " start must be >= 0, but got ", number_text(start));
+    TORCH_CHECK_VALUE(start + local[d] <= global, "dropout shard: ", names[d], " start (", number_text(start),
+                      ") + local ", names[d], " (", number_text(local[d]), ") exceeds global ", names[d], " (",
+                      number_text(global), ")");
     resolved[2 * d] = global;
     resolved[2 * d + 1] = start;
   }
@@ -98,7 +114,7 @@ DropoutShard make_shard(at::IntArrayRef shard, int64_t heads, int64_t queries, i
 void set_dropout_state(AttentionParams& p, const at::Tensor& state, double dropout_p, const at::Device& device) {
   TORCH_CHECK_VALUE(state.scalar_type() == at::kLong && state.numel() == 2 && state.device() == device,
                     "dropout state must be an int64 tensor holding (seed, offset) on ", device, ", but got ",
-                    state.scalar_type(), " of ", state.numel(), " elements on ", state.device());
+                    state.scalar_type(), " of ", number_text(state.numel()), " elements on ", state.device());
   TORCH_CHECK_VALUE(state.is_contiguous(), "dropout state must be contiguous");
   p.rng = DropoutRng{0, 0, static_cast<float>(dropout_p), dropout_p < 1.0 ? 1.0 / (1.0 - dropout_p) : 0.0};
   p.rng_state = state.const_data_ptr<int64_t>();
@@ -115,29 +131,27 @@ at::Tensor gradient_to_input(const at::Tensor& grad, at::IntArrayRef full, at::I
 
 AttentionProblem make_problem(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                               const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
-                              std::optional<double> scale, bool enable_gqa,
-                              std::optional<std::string_view> numerics, at::IntArrayRef shard,
-                              const std::optional<at::Tensor>& query_documents,
+                              std::optional<double> scale, bool enable_gqa, std::optional<std::string_view> numerics,
+                              at::IntArrayRef shard, const std::optional<at::Tensor>& query_documents,
                               const std::optional<at::Tensor>& key_documents) {
-  TORCH_CHECK(query.dim() >= 2 && key.dim() >= 2 && value.dim() >= 2,
-              "Expected query, key, and value to all be at least 2 dimensional, but got query.dim: ",
-              query.dim(), " key.dim: ", key.dim(), " and value.dim: ", value.dim(), " instead.");
+  TORCH_CHECK(
+      query.dim() >= 2 && key.dim() >= 2 && value.dim() >= 2,
+      "Expected query, key, and value to all be at least 2 dimensional, but got query.dim: ", number_text(query.dim()),
+      " key.dim: ", number_text(key.dim()), " and value.dim: ", number_text(value.dim()), " instead.");
   TORCH_CHECK(query.scalar_type() == key.scalar_type() && query.scalar_type() == value.scalar_type(),
-              "Expected query, key, and value to have the same dtype, but got query.dtype: ",
-              query.scalar_type(), " key.dtype: ", key.scalar_type(), " and value.dtype: ",
-              value.scalar_type(), " instead.");
+              "Expected query, key, and value to have the same dtype, but got query.dtype: ", query.scalar_type(),
+              " key.dtype: ", key.scalar_type(), " and value.dtype: ", value.scalar_type(), " instead.");
   TORCH_CHECK(is_supported_dtype(query.scalar_type()),
-              "query, key and value must be float16, bfloat16, float32 or float64, but got ",
-              query.scalar_type());
+              "query, key and value must be float16, bfloat16, float32 or float64, but got ", query.scalar_type());
   TORCH_CHECK(query.device() == key.device() && query.device() == value.device(),
-              "Expected query, key, and value to be on the same device, but got query.device: ",
-              query.device(), " key.device: ", key.device(), " and value.device: ", value.device(), " instead.");
-  TORCH_CHECK(key.size(-1) == query.size(-1), "key's last dimension (", key.size(-1),
-              ") must equal query's last dimension (", query.size(-1), "): both are the head dim E");
-  TORCH_CHECK(value.size(-2) == key.size(-2), "value's sequence length (size(-2) = ", value.size(-2),
-              ") must equal key's (", key.size(-2), ")");
-  TORCH_CHECK(dropout_p >= 0.0 && dropout_p <= 1.0,
-              "dropout probability has to be between 0 and 1, but got ", dropout_p);
+              "Expected query, key, and value to be on the same device, but got query.device: ", query.device(),
+              " key.device: ", key.device(), " and value.device: ", value.device(), " instead.");
+  TORCH_CHECK(key.size(-1) == query.size(-1), "key's last dimension (", number_text(key.size(-1)),
+              ") must equal query's last dimension (", number_text(query.size(-1)), "): both are the head dim E");
+  TORCH_CHECK(value.size(-2) == key.size(-2), "value's sequence length (size(-2) = ", number_text(value.size(-2)),
+              ") must equal key's (", number_text(key.size(-2)), ")");
+  TORCH_CHECK(dropout_p >= 0.0 && dropout_p <= 1.0, "dropout probability has to be between 0 and 1, but got ",
+              number_text(dropout_p));
   TORCH_CHECK(!(is_causal && attn_mask.has_value()),
               "_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True");
 
@@ -151,17 +165,17 @@ AttentionProblem make_problem(const at::Tensor& query, const at::Tensor& key, co
   int64_t heads = hq;
   if (enable_gqa) {
     TORCH_CHECK(hk > 0 && hv > 0 && hq % hk == 0 && hq % hv == 0,
-                "Number of heads in key and value must divide the number of heads in query, but got ", hq,
-                " query heads, ", hk, " key heads and ", hv, " value heads");
+                "Number of heads in key and value must divide the number of heads in query, but got ", number_text(hq),
+                " query heads, ", number_text(hk), " key heads and ", number_text(hv), " value heads");
   } else {
-    const bool broadcasts = (hk == hq || hk == 1 || hq == 1) && (hv == hq || hv == 1 || hq == 1) &&
-                            (hk == hv || hk == 1 || hv == 1);
-    TORCH_CHECK(broadcasts, "query, key and value head counts (", hq, ", ", hk, ", ", hv,
-                ") must be equal or 1; pass enable_gqa=True for grouped-query attention");
+    const bool broadcasts =
+        (hk == hq || hk == 1 || hq == 1) && (hv == hq || hv == 1 || hq == 1) && (hk == hv || hk == 1 || hv == 1);
+    TORCH_CHECK(broadcasts, "query, key and value head counts (", number_text(hq), ", ", number_text(hk), ", ",
+                number_text(hv), ") must be equal or 1; pass enable_gqa=True for grouped-query attention");
     heads = at::infer_size({hq}, at::infer_size({hk}, {hv}))[0];  // 1 broadcasts, also against 0
   }
   // Key and value share one head count Hkv that divides H; a count of 1 broadcasts.
-  TORCH_CHECK(hk == hv || hk == 1 || hv == 1, "key and value head counts (", hk, " and ", hv,
+  TORCH_CHECK(hk == hv || hk == 1 || hv == 1, "key and value head counts (", number_text(hk), " and ", number_text(hv),
               ") must be equal, or one of them 1");
   const int64_t kv_heads = at::infer_size({hk}, {hv})[0];
 
@@ -204,8 +218,8 @@ AttentionProblem make_problem(const at::Tensor& query, const at::Tensor& key, co
     bool fits = m.dim() <= full_rank;
     std::vector<int64_t> mp = fits ? padded(m.sizes(), full_rank) : std::vector<int64_t>{};
     for (int64_t d = 0; fits && d < full_rank; ++d) fits = mp[d] == 1 || mp[d] == attention[d];
-    TORCH_CHECK(fits, "attn_mask of shape ", m.sizes(), " does not broadcast to the attention shape ",
-                at::IntArrayRef(attention), " (N..., heads, L, S)");
+    TORCH_CHECK(fits, "attn_mask of shape ", shape_text(m.sizes()), " does not broadcast to the attention shape ",
+                shape_text(attention), " (N..., heads, L, S)");
     // Broadcast batch dims stay size 1 (Bm = 1) unless some of them are full: then the batch
     // dims are expanded, never the (heads, L, S) part.
     bool any_batch = false;
@@ -213,7 +227,7 @@ AttentionProblem make_problem(const at::Tensor& query, const at::Tensor& key, co
     pb.mask_full = mp;
     if (any_batch) std::copy(batch.begin(), batch.end(), pb.mask_full.begin());
     pb.mask = canonical(m, pb.mask_full);
-    p.mask_kind = m.scalar_type() == at::kBool                 ? MaskKind::kBool
+    p.mask_kind = m.scalar_type() == at::kBool             ? MaskKind::kBool
                   : m.scalar_type() == query.scalar_type() ? MaskKind::kFloat
                                                            : MaskKind::kFloat32;
     p.mask_batch = pb.mask.size(0);

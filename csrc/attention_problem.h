@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -18,8 +19,8 @@ struct AttentionProblem {
   // Views of the inputs; a copy is made only for broadcasts that no strides can express.
   at::Tensor q, k, v, mask;
   at::Tensor key_windows, query_windows;  // packed documents (documents.h), or undefined
-  std::vector<int64_t> out_shape;  // (N..., H, L, Ev)
-  std::vector<int64_t> lse_shape;  // (N..., H, L)
+  std::vector<int64_t> out_shape;         // (N..., H, L, Ev)
+  std::vector<int64_t> lse_shape;         // (N..., H, L)
   // Inputs broadcast to the problem, before the batch dims N... are flattened into B:
   // gradients of the canonical tensors are reshaped to these, then summed to the inputs' shapes.
   std::vector<int64_t> q_full, k_full, v_full, mask_full;
@@ -27,9 +28,8 @@ struct AttentionProblem {
 
 AttentionProblem make_problem(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                               const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
-                              std::optional<double> scale, bool enable_gqa,
-                              std::optional<std::string_view> numerics, at::IntArrayRef shard,
-                              const std::optional<at::Tensor>& query_documents = std::nullopt,
+                              std::optional<double> scale, bool enable_gqa, std::optional<std::string_view> numerics,
+                              at::IntArrayRef shard, const std::optional<at::Tensor>& query_documents = std::nullopt,
                               const std::optional<at::Tensor>& key_documents = std::nullopt);
 
 // Points the problem's dropout at a state tensor (seed, offset): int64, two elements, on the
@@ -39,6 +39,13 @@ void set_dropout_state(AttentionParams& p, const at::Tensor& state, double dropo
 // Resolves a shard description [global_heads, head_start, global_queries, query_start,
 // global_keys, key_start] (-1: the local size) for a problem of the given local sizes.
 DropoutShard make_shard(at::IntArrayRef shard, int64_t heads, int64_t queries, int64_t keys);
+
+// Numbers and sizes ("[2, 3, 4]") for error messages, formatted without iostreams: streaming a
+// number into TORCH_CHECK's message crashes where the extension and libtorch load different C++
+// runtimes (seen on the GPU machine's build).
+std::string number_text(int64_t n);
+std::string number_text(double x);
+std::string shape_text(at::IntArrayRef sizes);
 
 // Element strides of a 4-D tensor for the kernels, 0 along size-1 dims.
 Strides4 strides_of(const at::Tensor& t);

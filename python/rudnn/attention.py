@@ -46,11 +46,12 @@ def _dropout_state(seed, offset, device):
     return torch.tensor(words, dtype=torch.int64, device=device)
 
 
-def document_pair(document_ids, queries, keys):
+def document_pair(document_ids, query, key):
     """(query ids, key ids) from `document_ids`: None, one tensor for both (L == S), or a pair."""
     if document_ids is None:
         return None, None
     if isinstance(document_ids, torch.Tensor):
+        queries, keys = query.size(-2), key.size(-2)
         if queries != keys:
             raise ValueError(f"one document_ids tensor needs as many queries as keys, but got L={queries} and "
                              f"S={keys}: pass (query_ids, key_ids)")
@@ -64,7 +65,7 @@ def forward_op(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
     """rudnn::attention_forward on the public functions' arguments: (out, lse, dropout state)."""
     state = _dropout_state(dropout_seed, dropout_offset, query.device) if dropout_p > 0 else None
     shard = (dropout_shard if dropout_shard is not None else DropoutShard()).as_list()
-    query_ids, key_ids = document_pair(document_ids, query.size(-2), key.size(-2))
+    query_ids, key_ids = document_pair(document_ids, query, key)
     return torch.ops.rudnn.attention_forward(query, key, value, attn_mask, float(dropout_p), bool(is_causal), scale,
                                              bool(enable_gqa), numerics, state, shard, bool(deterministic),
                                              query_ids, key_ids)

@@ -36,7 +36,7 @@ def attention_backward(grad_out, query, key, value, out, stats, attn_mask=None, 
     the buffers returned. mask_grad: also the float attn_mask's gradient (else dmask is None).
     """
     shard = (dropout_shard if dropout_shard is not None else DropoutShard()).as_list()
-    query_ids, key_ids = document_pair(document_ids, query.size(-2), key.size(-2))
+    query_ids, key_ids = document_pair(document_ids, query, key)
     with torch.no_grad():
         grads = torch.ops.rudnn.attention_backward(grad_out, grad_lse, query, key, value, attn_mask, out, stats.lse,
                                                    float(dropout_p), bool(is_causal), scale, bool(enable_gqa),
