@@ -88,7 +88,7 @@ def implementations(sizes):
         def same_document(b, h, i, j):
             return ids[i] == ids[j]
 
-        block_mask = create_block_mask(same_document, None, None, TOKENS, TOKENS, device="cuda")
+        block_mask = create_block_mask(same_document, None, None, TOKENS, TOKENS, device="cuda", _compile=True)
         flex = torch.compile(flex_attention)
         fq, fk, fv = (x.detach().transpose(0, 1).unsqueeze(0).requires_grad_(True) for x in (q, k, v))
         fgrad = grad.transpose(0, 1).unsqueeze(0)
