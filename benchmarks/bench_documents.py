@@ -1,4 +1,4 @@
-"""Packed documents on the GPU: rudnn.varlen_attention on 128k tokens against PyTorch's backends
+"""Packed documents on the GPU: rudnn.varlen_attention on 64k-256k tokens against PyTorch's backends
 on the same documents as a padded batch (and FlexAttention with a document mask where it compiles).
 
     python benchmarks/bench_documents.py [--json results.json]
@@ -22,12 +22,15 @@ TOKENS, HEADS, HEAD_DIM = 131072, 16, 128
 
 
 def document_sizes():
+    """Uniform documents of 1k-8k in TOKENS tokens, then random ones of 1k-8k in TOKENS / 2, TOKENS
+    and 2 TOKENS tokens (memory against the token count)."""
     cases = {f"uniform {n}": [n] * (TOKENS // n) for n in (1024, 2048, 4096, 8192)}
     g = torch.Generator().manual_seed(0)
-    mixed = []
-    while sum(mixed) < TOKENS:
-        mixed.append(min(int(torch.randint(1024, 8193, (1,), generator=g)), TOKENS - sum(mixed)))
-    cases["mixed 1k-8k"] = mixed
+    for tokens in (TOKENS // 2, TOKENS, 2 * TOKENS):
+        mixed = []
+        while sum(mixed) < tokens:
+            mixed.append(min(int(torch.randint(1024, 8193, (1,), generator=g)), tokens - sum(mixed)))
+        cases[f"mixed 1k-8k, {tokens // 1024}k tokens"] = mixed
     return cases
 
 
@@ -39,12 +42,12 @@ def flops(sizes, backward):
 def implementations(sizes):
     """name -> (run(backward) -> None) on one set of inputs."""
     cu = torch.tensor([0] + sizes, device="cuda").cumsum(0).to(torch.int32)
-    longest = max(sizes)
+    longest, tokens = max(sizes), sum(sizes)
 
     def t(*shape):
         return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 
-    q, k, v = t(TOKENS, HEADS, HEAD_DIM), t(TOKENS, HEADS, HEAD_DIM), t(TOKENS, HEADS, HEAD_DIM)
+    q, k, v = t(tokens, HEADS, HEAD_DIM), t(tokens, HEADS, HEAD_DIM), t(tokens, HEADS, HEAD_DIM)
     grad = torch.randn_like(q)
 
     def step(fn, leaves, grad_out, backward):
@@ -83,12 +86,12 @@ def implementations(sizes):
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-        ids = rudnn.varlen.document_ids_from_lengths(cu, TOKENS, "cu")[0]
+        ids = rudnn.varlen.document_ids_from_lengths(cu, tokens, "cu")[0]
 
         def same_document(b, h, i, j):
             return ids[i] == ids[j]
 
-        block_mask = create_block_mask(same_document, None, None, TOKENS, TOKENS, device="cuda", _compile=True)
+        block_mask = create_block_mask(same_document, None, None, tokens, tokens, device="cuda", _compile=True)
         flex = torch.compile(flex_attention)
         fq, fk, fv = (x.detach().transpose(0, 1).unsqueeze(0).requires_grad_(True) for x in (q, k, v))
         fgrad = grad.transpose(0, 1).unsqueeze(0)
@@ -133,7 +136,7 @@ def main():
                              f"{tflops:.1f} | {peak / 2**20:.0f} MiB | {ratio:.2f}x |")
         del impls
         torch.cuda.empty_cache()
-    print(f"{datetime.date.today()}, {benchmark.environment('cuda')}, {TOKENS} tokens, H={HEADS}, E={HEAD_DIM}, "
+    print(f"{datetime.date.today()}, {benchmark.environment('cuda')}, H={HEADS}, E={HEAD_DIM}, "
           f"bf16, median of {args.repeats} runs")
     print("\n".join(lines))
     if args.json:

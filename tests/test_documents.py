@@ -198,3 +198,17 @@ def test_document_errors(device):
         rudnn.varlen_attention(packed, packed, packed, cu, cu, 3, 4)
     with pytest.raises(ValueError, match="same documents"):
         rudnn.varlen_attention(packed, packed, packed, cu, cu[:2], 4, 4)
+
+
+def test_document_ids_with_float_mask_gradient(device):
+    ids = ids_of([20, 0, 1, 45])[None]
+    q, k, v = (torch.randn(2, 2, 66, 16, dtype=torch.float64, device=device, requires_grad=True) for _ in range(3))
+    bias = torch.randn(2, 1, 66, 66, dtype=torch.float64, device=device, requires_grad=True)
+    out = rudnn.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=False, document_ids=ids.to(device))
+    blocks = document_mask(ids, ids, False).to(device)
+    expected = ref.attention(q, k, v, bias.masked_fill(~blocks, float("-inf")))[0]
+    ref.assert_close(out, expected, torch.float64, what="out")
+    grad = torch.randn_like(out)
+    for name, g, e in zip(["dq", "dk", "dv", "dmask"], torch.autograd.grad(out, (q, k, v, bias), grad),
+                          torch.autograd.grad(expected, (q, k, v, bias), grad)):
+        ref.assert_close(g, e, torch.float64, what=name)
