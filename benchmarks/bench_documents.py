@@ -86,7 +86,7 @@ def implementations(sizes):
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-        ids = rudnn.varlen.document_ids_from_lengths(cu, tokens, "cu")[0]
+        ids = rudnn.varlen.document_ids_from_lengths(cu, tokens, longest, "cu", "longest")[0]
 
         def same_document(b, h, i, j):
             return ids[i] == ids[j]

@@ -4,16 +4,21 @@ import torch
 from .attention import scaled_dot_product_attention
 
 
-def document_ids_from_lengths(cu_seqlens, total, name):
-    """(1, total) int64 ids: token t belongs to document d where cu_seqlens[d] <= t < cu_seqlens[d + 1]."""
+def document_ids_from_lengths(cu_seqlens, total, longest, name, longest_name):
+    """(1, total) int64 ids: token t belongs to document d where cu_seqlens[d] <= t < cu_seqlens[d + 1].
+    Checks the lengths (one host synchronisation): they start at 0, never decrease, end at `total`,
+    and none exceeds `longest`."""
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1 or cu_seqlens.dtype.is_floating_point:
         raise ValueError(f"{name} must be a 1-D integer tensor of cumulative lengths (documents + 1 entries), "
                          f"but got {tuple(cu_seqlens.shape)} {cu_seqlens.dtype}")
     cu = cu_seqlens.to(torch.int64)
-    valid = (cu[0] == 0) & (cu[-1] == total) & (cu.diff() >= 0).all()
-    if not bool(valid):
+    sizes = torch.cat([cu.diff(), cu.new_zeros(1)])
+    first, last, smallest, largest = torch.stack([cu[0], cu[-1], sizes.min(), sizes.max()]).tolist()
+    if first != 0 or last != total or smallest < 0:
         raise ValueError(f"{name} must start at 0, never decrease and end at the packed length {total}, but got "
                          f"{cu_seqlens.tolist()}")
+    if int(longest) < largest:
+        raise ValueError(f"{longest_name} ({longest}) is shorter than the longest document ({largest})")
     tokens = torch.arange(total, device=cu.device)
     return torch.searchsorted(cu[1:], tokens, right=True).unsqueeze(0)
 
@@ -40,13 +45,8 @@ def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must describe the same documents, but have "
                          f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()} entries")
-    query_ids = document_ids_from_lengths(cu_seqlens_q, query.size(0), "cu_seqlens_q")
-    key_ids = document_ids_from_lengths(cu_seqlens_k, key.size(0), "cu_seqlens_k")
-    for name, cu, longest in (("max_seqlen_q", cu_seqlens_q, max_seqlen_q), ("max_seqlen_k", cu_seqlens_k,
-                                                                              max_seqlen_k)):
-        actual = int(cu.diff().max()) if cu.numel() > 1 else 0
-        if int(longest) < actual:
-            raise ValueError(f"{name} ({longest}) is shorter than the longest document ({actual})")
+    query_ids = document_ids_from_lengths(cu_seqlens_q, query.size(0), max_seqlen_q, "cu_seqlens_q", "max_seqlen_q")
+    key_ids = document_ids_from_lengths(cu_seqlens_k, key.size(0), max_seqlen_k, "cu_seqlens_k", "max_seqlen_k")
     result = scaled_dot_product_attention(
         query.unsqueeze(0).transpose(1, 2), key.unsqueeze(0).transpose(1, 2), value.unsqueeze(0).transpose(1, 2),
         dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
