@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # What the developers run on the GPU machine after every change to CUDA code: build for the GPU,
-# then the named steps.   bash benchmarks/gpu_check.sh [tests] [sanitize] [bench] [documents] [long] [profile]
+# then the named steps.   bash benchmarks/gpu_check.sh [tests] [sanitize] [bench] [documents] [rotary] [long] [profile]
 #   tests     the whole test suite's CUDA half (device-parametrised tests, test_cuda.py, test_tensor_cores.py)
 #             and the error-message tests (the machine's own build of the host code)
 #   sanitize  compute-sanitizer memcheck and racecheck on a small grid of shapes
 #   bench     benchmarks/bench_attention.py on the GPU, JSON into $OUT
-#   documents benchmarks/bench_documents.py: packed documents, 128k tokens, JSON into $OUT
+#   documents benchmarks/bench_documents.py: packed documents, 64k-256k tokens, JSON into $OUT
+#   rotary    benchmarks/bench_rotary.py: fused RoPE against RoPE first, JSON into $OUT
 #   long      L = S = 65536, E = 64, bf16, causal, forward and backward: time and peak memory
 #   profile   per-kernel GPU time of forward and backward
 set -uo pipefail
@@ -39,6 +40,8 @@ for step in "$@"; do
       python3 benchmarks/bench_attention.py --device cuda --sets "${BENCH_SETS:-issue,sweep,fallback}" --json "$OUT/bench.json" 2>/dev/null | tee "$OUT/bench.md" ;;
     documents)
       python3 benchmarks/bench_documents.py --json "$OUT/documents.json" 2>&1 | tee "$OUT/documents.md" ;;
+    rotary)
+      python3 benchmarks/bench_rotary.py --json "$OUT/rotary.json" 2>&1 | tee "$OUT/rotary.md" ;;
     long)
       python3 benchmarks/long_rows.py 2>&1 | tee "$OUT/long.log" ;;
     profile)

@@ -1,4 +1,5 @@
-"""A small grid of shapes for compute-sanitizer: odd sizes, masks, dropout, GQA, documents, every dtype."""
+"""A small grid of shapes for compute-sanitizer: odd sizes, masks, dropout, GQA, documents, fused RoPE, every
+dtype."""
 import torch
 
 import rudnn
@@ -6,7 +7,7 @@ import rudnn
 torch.manual_seed(0)
 for dtype in (torch.float16, torch.float32, torch.float64):
     for L, S, E, Ev, hq, hk in ((1, 1, 8, 8, 1, 1), (17, 33, 40, 24, 4, 2), (70, 45, 130, 136, 2, 1)):
-        for variant in ("plain", "causal", "bool mask", "float mask", "dropout", "documents"):
+        for variant in ("plain", "causal", "bool mask", "float mask", "dropout", "documents", "rope"):
             q = torch.randn(2, hq, L, E, device="cuda", dtype=dtype, requires_grad=True)
             k = torch.randn(2, hk, S, E, device="cuda", dtype=dtype, requires_grad=True)
             v = torch.randn(2, hk, S, Ev, device="cuda", dtype=dtype, requires_grad=True)
@@ -21,7 +22,8 @@ for dtype in (torch.float16, torch.float32, torch.float64):
             out = rudnn.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                                      is_causal=variant in ("causal", "documents"),
                                                      dropout_p=0.3 if variant == "dropout" else 0.0,
-                                                     enable_gqa=hq != hk, document_ids=documents)
+                                                     enable_gqa=hq != hk, document_ids=documents,
+                                                     rope=rudnn.Rotary(offset=3) if variant == "rope" else None)
             out.backward(torch.randn_like(out))
     mask = rudnn.dropout_mask(2, 3, 5, 7, 0.5, 1, 2, dtype=dtype, device="cuda")
 torch.cuda.synchronize()

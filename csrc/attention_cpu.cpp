@@ -13,6 +13,7 @@
 
 #include "dropout_cpu.h"
 #include "kernels.h"
+#include "rotary.h"
 
 namespace rudnn {
 namespace {
@@ -79,6 +80,15 @@ class Tiles {
   // Rows of head h of a canonical (B, H, rows, D) tensor, in the compute dtype.
   at::Tensor rows(const at::Tensor& t, int64_t b, int64_t h, Span s) const {
     return head_rows(t, b, h, s).to(acc_);
+  }
+
+  // Query rows of head (b, h) and key rows of key head (b, hk) in the compute dtype, turned by RoPE
+  // where it is fused (rounded to the input dtype, as a separately rotated input would be).
+  at::Tensor query_rows(int64_t b, int64_t h, Span s) const {
+    return turned_rows(pb_.q, pb_.q_rotary, p_.q_rotary.interleaved, b, h, s);
+  }
+  at::Tensor key_rows(int64_t b, int64_t hk, Span s) const {
+    return turned_rows(pb_.k, pb_.k_rotary, p_.k_rotary.interleaved, b, hk, s);
   }
 
   // A whole tile that causality excludes. It is skipped unless K or V holds a non-finite value,
@@ -171,6 +181,12 @@ class Tiles {
   static Span tile(int64_t t, int64_t block, int64_t total) {
     return {t * block, std::min(block, total - t * block)};
   }
+  at::Tensor turned_rows(const at::Tensor& x, const at::Tensor& table, bool interleaved, int64_t b, int64_t h,
+                         Span s) const {
+    at::Tensor r = head_rows(x, b, h, s);
+    if (table.defined()) r = rotate(r, head_rows(table, b, h, s), interleaved, /*inverse=*/false);
+    return r.to(acc_);
+  }
   int64_t causal_diagonal() const { return p_.shard.query_start - p_.shard.key_start; }
 
   const AttentionProblem& pb_;
@@ -207,7 +223,7 @@ void attention_forward_cpu(const AttentionProblem& pb, const at::Tensor& out, co
   const Tiles t(pb);
   for_each_query_tile(p, t, [&](int64_t b, int64_t h, Span qs) {
     const int64_t hk = h / p.group();
-    const at::Tensor q = t.rows(pb.q, b, h, qs) * (p.scale * t.unit());
+    const at::Tensor q = t.query_rows(b, h, qs) * (p.scale * t.unit());
     const auto rows = at::TensorOptions().dtype(t.acc());
     at::Tensor m = at::full({qs.size}, -kInf, rows);  // running maximum
     at::Tensor l = at::zeros({qs.size}, rows);        // running denominator
@@ -217,7 +233,7 @@ void attention_forward_cpu(const AttentionProblem& pb, const at::Tensor& out, co
       if (t.skip(b, hk, qs, ks)) break;  // so is every later tile
       if (t.outside(b, qs, ks)) continue;
       // m' = max(m, max_j s_ij);  l' = l * base^(m - m') + sum_j P_ij;  acc' = acc * base^(m - m') + (P∘M) V
-      at::Tensor s = t.scores(q, t.rows(pb.k, b, hk, ks), b, h, qs, ks);
+      at::Tensor s = t.scores(q, t.key_rows(b, hk, ks), b, h, qs, ks);
       at::Tensor m_next = at::maximum(m, s.amax(1));
       at::Tensor m_safe = m_next.masked_fill(m_next == -kInf, 0.0);  // no key yet: keep P finite
       at::Tensor rescale = m - m_safe;
@@ -270,7 +286,7 @@ void attention_backward_cpu(const AttentionProblem& pb, const at::Tensor& grad_o
     delta = at::empty({p.batch, p.heads, p.queries}, at::TensorOptions().dtype(t.acc()));
     for_each_query_tile(p, t, [&](int64_t b, int64_t h, Span qs) {
       const int64_t hk = h / p.group();
-      const at::Tensor q = t.rows(pb.q, b, h, qs) * (p.scale * t.unit());
+      const at::Tensor q = t.query_rows(b, h, qs) * (p.scale * t.unit());
       const at::Tensor dout = t.rows(grad_out, b, h, qs);
       const at::Tensor lse_rows = head_rows(lse_unit, b, h, qs);
       at::Tensor d = at::zeros({qs.size}, at::TensorOptions().dtype(t.acc()));
@@ -278,7 +294,7 @@ void attention_backward_cpu(const AttentionProblem& pb, const at::Tensor& grad_o
         const Span ks = t.key_tile(kt);
         if (t.skip(b, hk, qs, ks)) break;
         if (t.outside(b, qs, ks)) continue;
-        const TileProbs g = t.probs(q, dout, t.rows(pb.k, b, hk, ks), t.rows(pb.v, b, hk, ks), lse_rows, b, h, qs, ks);
+        const TileProbs g = t.probs(q, dout, t.key_rows(b, hk, ks), t.rows(pb.v, b, hk, ks), lse_rows, b, h, qs, ks);
         d.add_((g.p * g.dp).sum(1));
       }
       head_rows(delta, b, h, qs).copy_(d);
@@ -301,7 +317,7 @@ void attention_backward_cpu(const AttentionProblem& pb, const at::Tensor& grad_o
         at::Tensor dv_head = round_per_head ? at::zeros_like(dv_sum) : dv_sum;
         for (int64_t qt = 0; qt < t.query_tiles(); ++qt) {
           const Span qs = t.query_tile(qt);
-          const at::Tensor q = t.rows(pb.q, b, h, qs);
+          const at::Tensor q = t.query_rows(b, h, qs);
           const at::Tensor q_scaled = q * (p.scale * t.unit());
           const at::Tensor dout = t.rows(grad_out, b, h, qs);
           const at::Tensor lse_rows = head_rows(lse_unit, b, h, qs);
@@ -311,7 +327,7 @@ void attention_backward_cpu(const AttentionProblem& pb, const at::Tensor& grad_o
             const Span ks = t.key_tile(kt);
             if (t.skip(b, hk, qs, ks)) break;
             if (t.outside(b, qs, ks)) continue;
-            const at::Tensor k = t.rows(pb.k, b, hk, ks);
+            const at::Tensor k = t.key_rows(b, hk, ks);
             TileProbs g = t.probs(q_scaled, dout, k, t.rows(pb.v, b, hk, ks), lse_rows, b, h, qs, ks);
             // dS_ij = P_ij (dP_ij - D_i);  dQ_i += dS_ij K_j;  dK_j += dS_ij Q_i;  dV_j += (P∘M)_ij dO_i
             const at::Tensor ds = t.round(g.dp.sub_(d_rows).mul_(g.p));
@@ -356,14 +372,14 @@ void attention_backward_cpu(const AttentionProblem& pb, const at::Tensor& grad_o
           const int64_t last = p.mask_queries == 1 ? t.query_tiles() : row_tile + 1;
           for (int64_t qt = first; qt < last; ++qt) {
             const Span qs = t.query_tile(qt);
-            const at::Tensor q = t.rows(pb.q, b, h, qs) * (p.scale * t.unit());
+            const at::Tensor q = t.query_rows(b, h, qs) * (p.scale * t.unit());
             const at::Tensor dout = t.rows(grad_out, b, h, qs);
             const at::Tensor lse_rows = head_rows(lse_unit, b, h, qs);
             const at::Tensor d_rows = head_rows(delta, b, h, qs).unsqueeze(1);
             for (int64_t kt = 0; kt < t.key_tiles(); ++kt) {
               const Span ks = t.key_tile(kt);
               if (t.outside(b, qs, ks)) continue;
-              TileProbs g = t.probs(q, dout, t.rows(pb.k, b, hk, ks), t.rows(pb.v, b, hk, ks), lse_rows, b, h, qs, ks);
+              TileProbs g = t.probs(q, dout, t.key_rows(b, hk, ks), t.rows(pb.v, b, hk, ks), lse_rows, b, h, qs, ks);
               at::Tensor ds = g.dp.sub_(d_rows).mul_(g.p);
               if (p.mask_queries == 1) ds = ds.sum(0, /*keepdim=*/true);
               if (p.mask_keys == 1) {

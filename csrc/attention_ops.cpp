@@ -10,6 +10,7 @@
 #include "attention_problem.h"
 #include "kernel_choice.h"
 #include "kernels.h"
+#include "rotary.h"
 
 namespace rudnn {
 namespace {
@@ -51,9 +52,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
     double dropout_p, bool is_causal, std::optional<double> scale, bool enable_gqa,
     std::optional<c10::string_view> numerics, const std::optional<at::Tensor>& dropout_state, at::IntArrayRef shard,
     bool /*deterministic: carried to the backward*/, const std::optional<at::Tensor>& query_documents,
-    const std::optional<at::Tensor>& key_documents) {
+    const std::optional<at::Tensor>& key_documents, const std::optional<at::Tensor>& query_rotary,
+    const std::optional<at::Tensor>& key_rotary, bool rotary_interleaved) {
   AttentionProblem pb = make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, numerics,
-                                     shard, query_documents, key_documents);
+                                     shard, query_documents, key_documents, query_rotary, key_rotary,
+                                     rotary_interleaved);
   AttentionParams& p = pb.params;
   at::Tensor state = at::empty({0}, query.options().dtype(at::kLong));
   if (p.has_dropout) {
@@ -80,9 +83,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     const at::Tensor& lse, double dropout_p, bool is_causal, std::optional<double> scale, bool enable_gqa,
     std::optional<c10::string_view> numerics, const at::Tensor& dropout_state, at::IntArrayRef shard, bool mask_grad,
     bool deterministic, const std::optional<at::Tensor>& query_documents,
-    const std::optional<at::Tensor>& key_documents) {
+    const std::optional<at::Tensor>& key_documents, const std::optional<at::Tensor>& query_rotary,
+    const std::optional<at::Tensor>& key_rotary, bool rotary_interleaved) {
   AttentionProblem pb = make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, numerics,
-                                     shard, query_documents, key_documents);
+                                     shard, query_documents, key_documents, query_rotary, key_rotary,
+                                     rotary_interleaved);
   AttentionParams& p = pb.params;
   if (p.has_dropout) set_dropout_state(p, dropout_state, dropout_p, query.device());
   const at::ScalarType stats = stats_dtype(query.scalar_type());
@@ -115,6 +120,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
   at::Tensor dmask_out = at::empty({0}, query.options());
   if (mask_grad) {
     dmask_out = gradient_to_input(dmask, pb.mask_full, attn_mask->sizes()).to(attn_mask->scalar_type());
+  }
+  if (p.rotary()) {  // the kernels' dQ and dK are those of the rotated Q and K
+    dq = rotate(dq, pb.q_rotary, p.q_rotary.interleaved, /*inverse=*/true);
+    dk = rotate(dk, pb.k_rotary, p.k_rotary.interleaved, /*inverse=*/true);
   }
   return {gradient_to_input(dq, pb.q_full, query.sizes()), gradient_to_input(dk, pb.k_full, key.sizes()),
           gradient_to_input(dv, pb.v_full, value.sizes()), dmask_out};
@@ -161,14 +170,16 @@ TORCH_LIBRARY(rudnn, m) {
   m.def(
       "attention_forward(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, float dropout_p, "
       "bool is_causal, float? scale, bool enable_gqa, str? numerics, Tensor? dropout_state, int[] shard, "
-      "bool deterministic=True, Tensor? query_documents=None, Tensor? key_documents=None) "
+      "bool deterministic=True, Tensor? query_documents=None, Tensor? key_documents=None, "
+      "Tensor? query_rotary=None, Tensor? key_rotary=None, bool rotary_interleaved=False) "
       "-> (Tensor out, Tensor lse, Tensor dropout_state)",
       {at::Tag::nondeterministic_seeded});
   m.def(
       "attention_backward(Tensor grad_out, Tensor? grad_lse, Tensor query, Tensor key, Tensor value, "
       "Tensor? attn_mask, Tensor out, Tensor lse, float dropout_p, bool is_causal, float? scale, "
       "bool enable_gqa, str? numerics, Tensor dropout_state, int[] shard, bool mask_grad, bool deterministic=True, "
-      "Tensor? query_documents=None, Tensor? key_documents=None) "
+      "Tensor? query_documents=None, Tensor? key_documents=None, Tensor? query_rotary=None, "
+      "Tensor? key_rotary=None, bool rotary_interleaved=False) "
       "-> (Tensor grad_query, Tensor grad_key, Tensor grad_value, Tensor grad_attn_mask)");
   m.def("dropout_mask(Tensor dropout_state, int[] size, float p, int[] shard, ScalarType dtype) -> Tensor");
   m.def(

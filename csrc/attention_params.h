@@ -34,6 +34,15 @@ RUDNN_HOST_DEVICE_FN inline bool rows_in_16_byte_chunks(const void* base, const 
          reinterpret_cast<uintptr_t>(base) % 16 == 0;
 }
 
+// RoPE fused into attention: float32 (B, H, rows, E) whose row holds the cosines of the row's E/2
+// angles, then their sines (rotary.py's table), and its element strides; data null: no rotation.
+// Pair p is columns (2p, 2p + 1) when interleaved, (p, p + E/2) otherwise.
+struct RotaryTable {
+  const float* data;
+  Strides4 strides;
+  bool interleaved;
+};
+
 // Canonical problem: query (B, H, L, E), key (B, Hkv, S, E), value (B, Hkv, S, Ev),
 // mask (Bm, Hm, Lm, Sm) with each mask size either 1 (broadcast) or the full size.
 struct AttentionParams {
@@ -58,7 +67,10 @@ struct AttentionParams {
   // the keys query row i sees; query_windows[2 (b S + j) + {0, 1}], the query rows that see key j.
   // They carry the documents' causality; is_causal is then false.
   const int32_t *key_windows, *query_windows;
+  // RoPE, both sides or neither: kernels turn Q and K as they read them, never writing them out.
+  RotaryTable q_rotary, k_rotary;
 
+  RUDNN_HOST_DEVICE_FN bool rotary() const { return q_rotary.data != nullptr; }
   RUDNN_HOST_DEVICE_FN int64_t group() const { return heads / kv_heads; }
   // Kernels keep scores in the base of their exponential: e (exact), or 2 with log2(e) folded in
   // (flash, as FlashAttention's exp2).

@@ -68,6 +68,27 @@ at::Tensor canonical_ids(const at::Tensor& ids, const std::vector<int64_t>& batc
   return ids.reshape(sizes).expand(full).reshape({rows, n}).to(at::kLong).contiguous();
 }
 
+// A RoPE table (..., rows, E) of rotary.py, broadcast to the canonical (B, H, rows, E) of its side.
+at::Tensor canonical_rotary(const at::Tensor& table, const std::vector<int64_t>& full, const at::Device& device,
+                            const char* name) {
+  TORCH_CHECK_VALUE(table.scalar_type() == at::kFloat, name, " must be float32, but got ", table.scalar_type());
+  TORCH_CHECK(table.device() == device, name, " must be on the device of query (", device, "), but is on ",
+              table.device());
+  const int64_t rank = static_cast<int64_t>(full.size());
+  bool fits = table.dim() >= 2 && table.dim() <= rank && table.size(-1) == full.back();
+  const std::vector<int64_t> sizes = fits ? padded(table.sizes(), rank) : std::vector<int64_t>{};
+  for (int64_t d = 0; fits && d < rank - 1; ++d) fits = sizes[d] == 1 || sizes[d] == full[d];
+  TORCH_CHECK_VALUE(fits, name, " of shape ", shape_text(table.sizes()), " does not broadcast to ", shape_text(full),
+                    " (N..., heads, sequence length, head dim)");
+  at::Tensor t = canonical(table, full);
+  return t.stride(3) == 1 ? t : t.contiguous();
+}
+
+RotaryTable rotary_params(const at::Tensor& t, bool interleaved) {
+  return t.defined() ? RotaryTable{t.const_data_ptr<float>(), strides_of(t), interleaved}
+                     : RotaryTable{nullptr, {0, 0, 0, 0}, false};
+}
+
 }  // namespace
 
 std::string number_text(int64_t n) { return std::to_string(n); }
@@ -133,7 +154,9 @@ AttentionProblem make_problem(const at::Tensor& query, const at::Tensor& key, co
                               const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                               std::optional<double> scale, bool enable_gqa, std::optional<std::string_view> numerics,
                               at::IntArrayRef shard, const std::optional<at::Tensor>& query_documents,
-                              const std::optional<at::Tensor>& key_documents) {
+                              const std::optional<at::Tensor>& key_documents,
+                              const std::optional<at::Tensor>& query_rotary,
+                              const std::optional<at::Tensor>& key_rotary, bool rotary_interleaved) {
   TORCH_CHECK(
       query.dim() >= 2 && key.dim() >= 2 && value.dim() >= 2,
       "Expected query, key, and value to all be at least 2 dimensional, but got query.dim: ", number_text(query.dim()),
@@ -269,6 +292,16 @@ AttentionProblem make_problem(const at::Tensor& query, const at::Tensor& key, co
     p.query_windows = w.queries.const_data_ptr<int32_t>();
     p.is_causal = false;
   }
+
+  TORCH_CHECK_VALUE(query_rotary.has_value() == key_rotary.has_value(),
+                    "RoPE tables must be given for both queries and keys, or for neither");
+  if (query_rotary.has_value()) {
+    TORCH_CHECK_VALUE(E % 2 == 0, "RoPE needs an even head dim, but got E = ", number_text(E));
+    pb.q_rotary = canonical_rotary(*query_rotary, pb.q_full, query.device(), "query RoPE table");
+    pb.k_rotary = canonical_rotary(*key_rotary, pb.k_full, query.device(), "key RoPE table");
+  }
+  p.q_rotary = rotary_params(pb.q_rotary, rotary_interleaved);
+  p.k_rotary = rotary_params(pb.k_rotary, rotary_interleaved);
   return pb;
 }
 

@@ -19,6 +19,7 @@ struct AttentionProblem {
   // Views of the inputs; a copy is made only for broadcasts that no strides can express.
   at::Tensor q, k, v, mask;
   at::Tensor key_windows, query_windows;  // packed documents (documents.h), or undefined
+  at::Tensor q_rotary, k_rotary;          // RoPE tables (B, H, L, E), (B, Hkv, S, E), or undefined
   std::vector<int64_t> out_shape;         // (N..., H, L, Ev)
   std::vector<int64_t> lse_shape;         // (N..., H, L)
   // Inputs broadcast to the problem, before the batch dims N... are flattened into B:
@@ -30,7 +31,10 @@ AttentionProblem make_problem(const at::Tensor& query, const at::Tensor& key, co
                               const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                               std::optional<double> scale, bool enable_gqa, std::optional<std::string_view> numerics,
                               at::IntArrayRef shard, const std::optional<at::Tensor>& query_documents = std::nullopt,
-                              const std::optional<at::Tensor>& key_documents = std::nullopt);
+                              const std::optional<at::Tensor>& key_documents = std::nullopt,
+                              const std::optional<at::Tensor>& query_rotary = std::nullopt,
+                              const std::optional<at::Tensor>& key_rotary = std::nullopt,
+                              bool rotary_interleaved = false);
 
 // Points the problem's dropout at a state tensor (seed, offset): int64, two elements, on the
 // problem's device. On the CPU the values are read here; CUDA kernels read them on the device.

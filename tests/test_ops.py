@@ -18,6 +18,10 @@ def _state(device, seed=3, offset=1):
     return torch.tensor([seed, offset], dtype=torch.int64, device=device)
 
 
+def _rotary_table(device, rows):
+    return rudnn.rotary.rotary_table(torch.arange(rows), 16, 10000.0, 3).to(device)
+
+
 FORWARD_CASES = {
     "plain": lambda d: (*_inputs(d), None, 0.0, False, None, False, None, None, SHARD),
     "causal gqa": lambda d: (*_inputs(d, hk=2), None, 0.0, True, 0.5, True, "exact", None, SHARD),
@@ -29,6 +33,8 @@ FORWARD_CASES = {
     "documents": lambda d: (*_inputs(d), None, 0.0, True, None, False, None, None, SHARD, True,
                             torch.tensor([[0, 0, 0, 1, 1, 3, 3, 3, 3]] * 2, device=d),
                             torch.tensor([[0, 0, 1, 1, 1, 1, 2, 3, 3, 3, 3]] * 2, device=d)),
+    "rope": lambda d: (*_inputs(d, hk=2), None, 0.0, True, None, True, None, None, SHARD, True, None, None,
+                       _rotary_table(d, 9), _rotary_table(d, 11), True),
 }
 
 

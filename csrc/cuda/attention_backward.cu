@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
   acc_t* cache = sDS + kBN * Cfg::kLdWeights + threadIdx.x;  // per key tile: this thread's P, then dP∘M
 
   load_tile<scalar_t, Cfg, kBM, false>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E,
-                                       static_cast<acc_t>(p.scale) * unit);
+                                       static_cast<acc_t>(p.scale) * unit, p.q_rotary);
   load_tile<scalar_t, Cfg, kBM, false>(sDO, a.dout, a.dout_strides, b, h, i0, p.queries, Ev, acc_t(1));
   const int64_t rows = (b * p.heads + h) * p.queries;
   acc_t lse[kTM], delta[kTM], acc[kTM][Cfg::kOutCols];
@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
     for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBN, ++tile) {
       if (can_skip && j0 - last_row > diagonal) break;
       __syncthreads();  // the previous tile is consumed
-      load_tile<scalar_t, Cfg, kBN, true>(sK, p.k, p.k_strides, b, hk, j0, p.keys, E, acc_t(1));
+      load_tile<scalar_t, Cfg, kBN, true>(sK, p.k, p.k_strides, b, hk, j0, p.keys, E, acc_t(1), p.k_rotary);
       if (!cached) load_tile<scalar_t, Cfg, kBN, true>(sV, p.v, p.v_strides, b, hk, j0, p.keys, Ev, acc_t(1));
       __syncthreads();
       // P_ij = base^(s_ij - lse_i);  dP_ij = M_ij dO_i.v_j   (keys j = j0 + tx kTN + c)
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
   acc_t* sDelta = sLse + kBN;                    // kBN
   acc_t* sDSt = sPM;                             // kBM x kLdKeys: dS^T for the atomic dQ, once dV is done
 
-  load_tile<scalar_t, Cfg, kBM, false>(sK, p.k, p.k_strides, b, hk, j0, p.keys, E, scale * unit);
+  load_tile<scalar_t, Cfg, kBM, false>(sK, p.k, p.k_strides, b, hk, j0, p.keys, E, scale * unit, p.k_rotary);
   load_tile<scalar_t, Cfg, kBM, false>(sV, p.v, p.v_strides, b, hk, j0, p.keys, Ev, acc_t(1));
   acc_t acc_k[kTM][Cfg::kOutCols], acc_v[kTM][Cfg::kOutCols];
   clear<Cfg>(acc_k);
@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
     const int64_t rows = (b * p.heads + h) * p.queries;
     for (int64_t i0 = first_row; i0 < queries.end; i0 += kBN) {
       __syncthreads();  // the previous tile is consumed
-      load_tile<scalar_t, Cfg, kBN, true>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, acc_t(1));
+      load_tile<scalar_t, Cfg, kBN, true>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, acc_t(1), p.q_rotary);
       load_tile<scalar_t, Cfg, kBN, true>(sDO, a.dout, a.dout_strides, b, h, i0, p.queries, Ev, acc_t(1));
       if (threadIdx.x < kBN) {
         const int64_t i = i0 + threadIdx.x;

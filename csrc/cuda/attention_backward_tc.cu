@@ -14,6 +14,7 @@
 #include "../kernels.h"
 #include "backward.cuh"
 #include "launch.cuh"
+#include "rotary.cuh"
 #include "tensor_core.cuh"
 
 namespace rudnn::cuda {
@@ -165,6 +166,11 @@ __global__ void __launch_bounds__(kTcThreads)
                                                          in.v);
     }
     cp_async_commit();
+    if (p.rotary()) {  // RoPE: Q once, each K tile as it lands
+      if (tile == 0) rotate_tile<scalar_t, kRowsPerTile, kTcThreads>(sQ, kLdK, p.q_rotary, b, h, i0, p.queries, E);
+      rotate_tile<scalar_t, kBN, kTcThreads>(sK[buf], kLdK, p.k_rotary, b, hk, j0, key_end, E);
+      __syncthreads();
+    }
     float s[1][kNB][4] = {}, dp[1][kNB][4] = {};
     gemm_smem_nt<scalar_t, 1, kNB, kE, kLdK, kLdK>(s, sQ, 16 * warp, sK[buf], 0, E);
     gemm_smem_nt<scalar_t, 1, kNB, kEv, kLdV, kLdV>(dp, sDO, 16 * warp, sV[buf], 0, Ev);
@@ -297,6 +303,11 @@ __global__ void __launch_bounds__(kTcThreads)
     }
     if (u + 1 < steps) load_step(u + 1);
     cp_async_commit();
+    if (p.rotary()) {  // RoPE: K once, each Q tile as it lands
+      if (u == 0) rotate_tile<scalar_t, kRowsPerTile, kTcThreads>(sK, kLdK, p.k_rotary, b, hk, j0, p.keys, E);
+      rotate_tile<scalar_t, kBM, kTcThreads>(sQ[buf], kLdK, p.q_rotary, b, h, i0, p.queries, E);
+      __syncthreads();
+    }
 
     float s[kMI][2][4] = {}, dp[kMI][2][4] = {};
     gemm_smem_nt<scalar_t, kMI, 2, kE, kLdK, kLdK>(s, sQ[buf], 0, sK, 16 * warp, E);

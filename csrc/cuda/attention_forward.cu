@@ -32,7 +32,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
   acc_t* sP = sV + kBN * kLd;                    // kBN x kLdWeights: (P∘M)^T
 
   load_tile<scalar_t, Cfg, kBM, false>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E,
-                                       static_cast<acc_t>(p.scale) * unit);
+                                       static_cast<acc_t>(p.scale) * unit, p.q_rotary);
   // m: running maximum of each row; l: this thread's part of its running denominator.
   acc_t m[kTM], l[kTM], o[kTM][Cfg::kOutCols];
 #pragma unroll
@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
   for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBN) {
     if (can_skip && j0 - last_row > diagonal) break;
     __syncthreads();  // the previous tile is consumed
-    load_tile<scalar_t, Cfg, kBN, true>(sK, p.k, p.k_strides, b, hk, j0, p.keys, E, acc_t(1));
+    load_tile<scalar_t, Cfg, kBN, true>(sK, p.k, p.k_strides, b, hk, j0, p.keys, E, acc_t(1), p.k_rotary);
     load_tile<scalar_t, Cfg, kBN, true>(sV, p.v, p.v_strides, b, hk, j0, p.keys, Ev, acc_t(1));
     __syncthreads();
     // s_ij = unit * scale * q_i.k_j, for keys j = j0 + tx kTN + c

@@ -10,6 +10,7 @@
 
 #include "../kernels.h"
 #include "launch.cuh"
+#include "rotary.cuh"
 #include "tensor_core.cuh"
 
 namespace rudnn::cuda {
@@ -103,6 +104,11 @@ __global__ void __launch_bounds__(kTcThreads)
     cp_async_commit();
     cp_async_wait<1>();  // Q, this K and this mask tile
     __syncthreads();
+    if (p.rotary()) {  // RoPE: Q once, each K tile as it lands
+      if (j0 == keys.begin) rotate_tile<scalar_t, kBM, kTcThreads>(sQ, kLdK, p.q_rotary, b, h, i0, p.queries, E);
+      rotate_tile<scalar_t, kBN, kTcThreads>(sK, kLdK, p.k_rotary, b, hk, j0, key_end, E);
+      __syncthreads();
+    }
 
     float s[kMI][kNB][4] = {};
 #pragma unroll

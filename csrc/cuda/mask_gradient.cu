@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int64_t i0 = all_rows ? 0 : own_i0; i0 < (all_rows ? p.queries : own_i0 + 1); i0 += kBM) {
         __syncthreads();
         load_tile<scalar_t, Cfg, kBM, false>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E,
-                                             static_cast<acc_t>(p.scale) * unit);
+                                             static_cast<acc_t>(p.scale) * unit, p.q_rotary);
         load_tile<scalar_t, Cfg, kBM, false>(sDO, a.dout, a.dout_strides, b, h, i0, p.queries, Ev, acc_t(1));
         acc_t lse[kTM], delta[kTM];
 #pragma unroll
@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kThreads)
         }
         for (int64_t j0 = all_keys ? 0 : own_j0; j0 < (all_keys ? p.keys : own_j0 + 1); j0 += kBN) {
           __syncthreads();
-          load_tile<scalar_t, Cfg, kBN, true>(sK, p.k, p.k_strides, b, hk, j0, p.keys, E, acc_t(1));
+          load_tile<scalar_t, Cfg, kBN, true>(sK, p.k, p.k_strides, b, hk, j0, p.keys, E, acc_t(1), p.k_rotary);
           load_tile<scalar_t, Cfg, kBN, true>(sV, p.v, p.v_strides, b, hk, j0, p.keys, Ev, acc_t(1));
           __syncthreads();
           acc_t prob[kTM][kTN], dpm[kTM][kTN];

@@ -9,7 +9,7 @@
 // No torch includes.
 #pragma once
 
-#include "common.cuh"
+#include "rotary.cuh"
 
 namespace rudnn::cuda {
 
@@ -99,12 +99,14 @@ __device__ __forceinline__ void store_vec(T* dst, const T (&x)[N]) {
 }
 
 // Rows [row0, row0 + kRows) of head (b, h) of a (B, H, rows, cols) tensor into a row-major shared
-// tile of stride Cfg::kLd, in the compute type, times `factor`. With kPermute (second-operand
-// tiles, kRows = kBN) row r lands at physical row permuted(r). Rows past `rows` and columns past
-// `cols` (up to kWidth) are zero, so that padding adds nothing to the products.
+// tile of stride Cfg::kLd, in the compute type, turned by `rotary` where it has a table, times
+// `factor`. With kPermute (second-operand tiles, kRows = kBN) row r lands at physical row
+// permuted(r). Rows past `rows` and columns past `cols` (up to kWidth) are zero, so that padding
+// adds nothing to the products.
 template <typename scalar_t, typename Cfg, int kRows, bool kPermute, typename acc_t>
 __device__ __forceinline__ void load_tile(acc_t* tile, const void* base, const Strides4& s, int64_t b, int64_t h,
-                                          int64_t row0, int64_t rows, int cols, acc_t factor) {
+                                          int64_t row0, int64_t rows, int cols, acc_t factor,
+                                          const RotaryTable& rotary = RotaryTable{}) {
   constexpr int kGroups = Cfg::kWidth / 4;  // four columns per load
   static_assert(!kPermute || kRows == Cfg::kBN, "permuted tiles are second-operand tiles");
   static_assert(kRows * kGroups % kThreads == 0, "every thread loads the same number of groups");
@@ -123,6 +125,16 @@ __device__ __forceinline__ void load_tile(acc_t* tile, const void* base, const S
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           if (d + e < cols) v[e] = static_cast<acc_t>(src[e * s.col]);
+        }
+      }
+      if (rotary.data != nullptr) {  // the partners come from global memory (L1): these kernels are the fallback
+        const scalar_t* row = src - d * s.col;
+        const float* angles = rotary_row(rotary, b, h, row0 + r);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (d + e >= cols) continue;
+          const RotaryColumn col = rotary_column(d + e, cols, rotary.interleaved);
+          v[e] = turned<scalar_t>(v[e], static_cast<acc_t>(row[col.partner * s.col]), col, angles, cols);
         }
       }
     }

@@ -4,6 +4,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from .rotary import rotary_tables
+
 
 class DropoutShard(NamedTuple):
     """Where a problem sits in a larger one whose dropout mask it must reproduce (SPEC section 3).
@@ -61,19 +63,21 @@ def document_pair(document_ids, query, key):
 
 
 def forward_op(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, document_ids, dropout_seed,
-               dropout_offset, dropout_shard, numerics, deterministic):
+               dropout_offset, dropout_shard, numerics, deterministic, rope):
     """rudnn::attention_forward on the public functions' arguments: (out, lse, dropout state)."""
     state = _dropout_state(dropout_seed, dropout_offset, query.device) if dropout_p > 0 else None
     shard = (dropout_shard if dropout_shard is not None else DropoutShard()).as_list()
     query_ids, key_ids = document_pair(document_ids, query, key)
+    query_table, key_table, interleaved = rotary_tables(rope, query, key)
     return torch.ops.rudnn.attention_forward(query, key, value, attn_mask, float(dropout_p), bool(is_causal), scale,
                                              bool(enable_gqa), numerics, state, shard, bool(deterministic),
-                                             query_ids, key_ids)
+                                             query_ids, key_ids, query_table, key_table, interleaved)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False, *, document_ids=None, dropout_seed=None, dropout_offset=None,
-                                 dropout_shard=None, return_lse=False, numerics=None, deterministic=True):
+                                 enable_gqa=False, *, document_ids=None, rope=None, dropout_seed=None,
+                                 dropout_offset=None, dropout_shard=None, return_lse=False, numerics=None,
+                                 deterministic=True):
     """Drop-in for torch.nn.functional.scaled_dot_product_attention.
 
     query (N..., Hq, L, E), key (N..., Hk, S, E), value (N..., Hk, S, Ev) -> (N..., Hq, L, Ev).
@@ -88,6 +92,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         document of theirs are skipped: work grows with the sum of squared document lengths.
         Documents are apart as in a batch, except that a NaN/inf in K or V can reach the rows of a
         neighbouring document that shares a tile with it. Validating the ids synchronises once.
+      rope: RoPE fused into the kernels: True, or a rudnn.Rotary (positions, offsets, base,
+        pairing); the result is that of rudnn.apply_rotary on query and key first, but the rotated
+        tensors are never written to memory and the gradients are those of the un-rotated inputs.
       dropout_seed, dropout_offset: the 64-bit Philox seed and counter offset of the dropout mask;
         by default drawn from PyTorch's generator of the device.
       dropout_shard: a DropoutShard placing this call in a larger problem, so that pieces computed
@@ -101,7 +108,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         always deterministic.
     """
     out, lse, _ = forward_op(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, document_ids,
-                             dropout_seed, dropout_offset, dropout_shard, numerics, deterministic)
+                             dropout_seed, dropout_offset, dropout_shard, numerics, deterministic, rope)
     return (out, lse) if return_lse else out
 
 

@@ -29,7 +29,8 @@ def stats_dtype(dtype):
 
 @torch.library.register_fake("rudnn::attention_forward")
 def _attention_forward_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, numerics,
-                            dropout_state, shard, deterministic=True, query_documents=None, key_documents=None):
+                            dropout_state, shard, deterministic=True, query_documents=None, key_documents=None,
+                            query_rotary=None, key_rotary=None, rotary_interleaved=False):
     out_shape, lse_shape = attention_shapes(query, key, value, enable_gqa)
     out = query.new_empty(out_shape)
     lse = query.new_empty(lse_shape, dtype=stats_dtype(query.dtype))
@@ -40,7 +41,8 @@ def _attention_forward_fake(query, key, value, attn_mask, dropout_p, is_causal, 
 @torch.library.register_fake("rudnn::attention_backward")
 def _attention_backward_fake(grad_out, grad_lse, query, key, value, attn_mask, out, lse, dropout_p, is_causal,
                              scale, enable_gqa, numerics, dropout_state, shard, mask_grad, deterministic=True,
-                             query_documents=None, key_documents=None):
+                             query_documents=None, key_documents=None, query_rotary=None, key_rotary=None,
+                             rotary_interleaved=False):
     grad_mask = attn_mask.new_empty(attn_mask.shape) if mask_grad else query.new_empty((0,))
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape), grad_mask
 
@@ -52,23 +54,26 @@ def _dropout_mask_fake(dropout_state, size, p, shard, dtype):
 
 def _setup_context(ctx, inputs, output):
     (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, numerics, _, shard, deterministic,
-     query_documents, key_documents) = inputs
+     query_documents, key_documents, query_rotary, key_rotary, rotary_interleaved) = inputs
     out, lse, state = output
-    ctx.save_for_backward(query, key, value, attn_mask, out, lse, state, query_documents, key_documents)
-    ctx.arguments = (dropout_p, is_causal, scale, enable_gqa, numerics)
+    ctx.save_for_backward(query, key, value, attn_mask, out, lse, state, query_documents, key_documents, query_rotary,
+                          key_rotary)
+    ctx.arguments = (dropout_p, is_causal, scale, enable_gqa, numerics, rotary_interleaved)
     ctx.shard = shard
     ctx.deterministic = deterministic
     ctx.mark_non_differentiable(state)
 
 
 def _backward(ctx, grad_out, grad_lse, _grad_state):
-    query, key, value, attn_mask, out, lse, state, query_documents, key_documents = ctx.saved_tensors
-    dropout_p, is_causal, scale, enable_gqa, numerics = ctx.arguments
+    (query, key, value, attn_mask, out, lse, state, query_documents, key_documents, query_rotary,
+     key_rotary) = ctx.saved_tensors
+    dropout_p, is_causal, scale, enable_gqa, numerics, rotary_interleaved = ctx.arguments
     mask_grad = ctx.needs_input_grad[3]
     grad_query, grad_key, grad_value, grad_mask = torch.ops.rudnn.attention_backward(
         grad_out, grad_lse, query, key, value, attn_mask, out, lse, dropout_p, is_causal, scale, enable_gqa,
-        numerics, state, ctx.shard, mask_grad, ctx.deterministic, query_documents, key_documents)
-    return (grad_query, grad_key, grad_value, grad_mask if mask_grad else None) + (None,) * 10
+        numerics, state, ctx.shard, mask_grad, ctx.deterministic, query_documents, key_documents, query_rotary,
+        key_rotary, rotary_interleaved)
+    return (grad_query, grad_key, grad_value, grad_mask if mask_grad else None) + (None,) * 13
 
 
 torch.library.register_autograd("rudnn::attention_forward", _backward, setup_context=_setup_context)

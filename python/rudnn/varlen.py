@@ -2,6 +2,7 @@
 import torch
 
 from .attention import scaled_dot_product_attention
+from .rotary import Rotary
 
 
 def document_ids_from_lengths(cu_seqlens, total, longest, name, longest_name):
@@ -24,7 +25,7 @@ def document_ids_from_lengths(cu_seqlens, total, longest, name, longest_name):
 
 
 def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, dropout_p=0.0,
-                     is_causal=False, scale=None, enable_gqa=False, return_lse=False, numerics=None,
+                     is_causal=False, scale=None, enable_gqa=False, return_lse=False, rope=None, numerics=None,
                      dropout_seed=None, dropout_offset=None, deterministic=True):
     """Attention within each of D packed documents.
 
@@ -37,7 +38,9 @@ def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 
     It is scaled_dot_product_attention on the (1, H, T, E) view of the packed tensors with
     document ids from the lengths: the same numbers, and dropout positions (0, h, t_q, t_k) of that
-    packed problem (SPEC 3). return_lse: also the (Hq, Tq) log-sum-exp.
+    packed problem (SPEC 3). return_lse: also the (Hq, Tq) log-sum-exp. rope: RoPE fused as in
+    scaled_dot_product_attention; positions default to each token's position within its document,
+    explicit ones are per token (Tq,) / (Tk,).
     """
     if query.dim() != 3 or key.dim() != 3 or value.dim() != 3:
         raise ValueError(f"varlen_attention takes packed (tokens, heads, head dim) tensors, but got query "
@@ -47,10 +50,20 @@ def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
                          f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()} entries")
     query_ids = document_ids_from_lengths(cu_seqlens_q, query.size(0), max_seqlen_q, "cu_seqlens_q", "max_seqlen_q")
     key_ids = document_ids_from_lengths(cu_seqlens_k, key.size(0), max_seqlen_k, "cu_seqlens_k", "max_seqlen_k")
+    if rope is True:
+        rope = Rotary()
+    if isinstance(rope, Rotary):
+        def within_documents(positions, cu_seqlens, ids):
+            if positions is not None:
+                return positions
+            return torch.arange(ids.size(1), device=ids.device) - cu_seqlens.to(torch.int64)[ids[0]]
+
+        rope = rope._replace(positions=within_documents(rope.positions, cu_seqlens_q, query_ids),
+                             key_positions=within_documents(rope.key_positions, cu_seqlens_k, key_ids))
     result = scaled_dot_product_attention(
         query.unsqueeze(0).transpose(1, 2), key.unsqueeze(0).transpose(1, 2), value.unsqueeze(0).transpose(1, 2),
         dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
-        document_ids=(query_ids, key_ids), dropout_seed=dropout_seed, dropout_offset=dropout_offset,
+        document_ids=(query_ids, key_ids), rope=rope, dropout_seed=dropout_seed, dropout_offset=dropout_offset,
         return_lse=return_lse, numerics=numerics, deterministic=deterministic)
     if return_lse:
         out, lse = result
