@@ -122,8 +122,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     dmask_out = gradient_to_input(dmask, pb.mask_full, attn_mask->sizes()).to(attn_mask->scalar_type());
   }
   if (p.rotary()) {  // the kernels' dQ and dK are those of the rotated Q and K
-    dq = rotate(dq, pb.q_rotary, p.q_rotary.interleaved, /*inverse=*/true);
-    dk = rotate(dk, pb.k_rotary, p.k_rotary.interleaved, /*inverse=*/true);
+#ifdef RUDNN_WITH_CUDA
+    if (query.is_cuda()) {
+      cuda::turn_back_cuda(dq, p.q_rotary);
+      cuda::turn_back_cuda(dk, p.k_rotary);
+    } else
+#endif
+    {
+      dq = rotate(dq, pb.q_rotary, p.q_rotary.interleaved, /*inverse=*/true);
+      dk = rotate(dk, pb.k_rotary, p.k_rotary.interleaved, /*inverse=*/true);
+    }
   }
   return {gradient_to_input(dq, pb.q_full, query.sizes()), gradient_to_input(dk, pb.k_full, key.sizes()),
           gradient_to_input(dv, pb.v_full, value.sizes()), dmask_out};

@@ -38,6 +38,9 @@ void attention_backward_cuda(const AttentionProblem& pb, const at::Tensor& grad_
 // out: (batch, heads, queries, keys), contiguous; (seed, offset) read from `state` on the device.
 void dropout_mask_cuda(const DropoutRng& rng, const at::Tensor& state, const DropoutShard& shard,
                        const at::Tensor& out);
+// grad (B, H, rows, E), contiguous: the gradient of a rotated input turned back, in place, to that
+// of the input before RoPE (the table's inverse rotation).
+void turn_back_cuda(const at::Tensor& grad, const RotaryTable& table);
 // A fresh (seed, offset) on the device from its PyTorch generator, advanced past `counters` Philox
 // counters; read on the device, so that it is right under CUDA graph capture too.
 at::Tensor draw_dropout_state_cuda(const at::Device& device, uint64_t counters);

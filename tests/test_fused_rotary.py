@@ -9,10 +9,11 @@ from rudnn.rotary import rotary_table
 from test_documents import document_mask, ids_of
 
 
-def rotate64(x, positions, offset, base, interleaved):
-    """x rotated in float64 by the float32 angles that rudnn's kernels read (the angles' own rounding
-    is apply_rotary's, tested in test_rotary.py); differentiable in x."""
-    table = rotary_table(positions.cpu(), x.size(-1), base, offset).double().to(x.device)
+def rotate64(x, positions, offset, base, interleaved, device):
+    """x rotated in float64 by the float32 angles that rudnn's kernels read, computed on `device`
+    (whose float32 cos/sin may differ from the CPU's in the last bit; the angles' own rounding is
+    apply_rotary's, tested in test_rotary.py); differentiable in x."""
+    table = rotary_table(positions.to(device), x.size(-1), base, offset).double().to(x.device)
     cos, sin = table.chunk(2, dim=-1)
     if interleaved:
         a, b = x[..., 0::2], x[..., 1::2]
@@ -65,8 +66,8 @@ def test_fused_rope(device, name, dtype, interleaved):
                                                   **{key: on(device, x) for key, x in kw.items()})
     mask, causal, gqa = kw.get("attn_mask"), kw.get("is_causal", False), kw.get("enable_gqa", False)
     r_in = [ref.leaf(t.to(dtype), torch.float64) for t in (q64, k64, v64)]
-    r_q = rotate64(r_in[0], qpos, offset, base, interleaved)
-    r_k = rotate64(r_in[1], kpos, key_offset, base, interleaved)
+    r_q = rotate64(r_in[0], qpos, offset, base, interleaved, device)
+    r_k = rotate64(r_in[1], kpos, key_offset, base, interleaved, device)
     r_out, r_lse = ref.attention(r_q, r_k, r_in[2], mask, causal, None, gqa, keep)
     grad_out = torch.randn(out.shape, dtype=torch.float64).to(dtype)
     got = torch.autograd.grad(out, inputs, grad_out.to(device))
@@ -113,8 +114,8 @@ def test_fused_rope_layouts_and_documents(device):
     out = rudnn.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, rope=rope,
                                              document_ids=ids.to(device))
     mask = document_mask(ids, ids, True).to(device)
-    expected = ref.attention(rotate64(q, within, 0, 10000.0, True), rotate64(k, within, 0, 10000.0, True), v, mask,
-                             enable_gqa=True)[0]
+    expected = ref.attention(rotate64(q, within, 0, 10000.0, True, device),
+                             rotate64(k, within, 0, 10000.0, True, device), v, mask, enable_gqa=True)[0]
     ref.assert_close(out, expected, torch.float64, what="out")
     # varlen_attention's RoPE positions default to those within each document.
     cu = torch.tensor([0] + sizes).cumsum(0).to(device)

@@ -167,8 +167,10 @@ __global__ void __launch_bounds__(kTcThreads)
     }
     cp_async_commit();
     if (p.rotary()) {  // RoPE: Q once, each K tile as it lands
-      if (tile == 0) rotate_tile<scalar_t, kRowsPerTile, kTcThreads>(sQ, kLdK, p.q_rotary, b, h, i0, p.queries, E);
-      rotate_tile<scalar_t, kBN, kTcThreads>(sK[buf], kLdK, p.k_rotary, b, hk, j0, key_end, E);
+      if (tile == 0) {
+        rotate_tile_global<scalar_t, kRowsPerTile, kTcThreads>(sQ, kLdK, p.q_rotary, b, h, i0, p.queries, E);
+      }
+      rotate_tile_global<scalar_t, kBN, kTcThreads>(sK[buf], kLdK, p.k_rotary, b, hk, j0, key_end, E);
       __syncthreads();
     }
     float s[1][kNB][4] = {}, dp[1][kNB][4] = {};
@@ -304,8 +306,10 @@ __global__ void __launch_bounds__(kTcThreads)
     if (u + 1 < steps) load_step(u + 1);
     cp_async_commit();
     if (p.rotary()) {  // RoPE: K once, each Q tile as it lands
-      if (u == 0) rotate_tile<scalar_t, kRowsPerTile, kTcThreads>(sK, kLdK, p.k_rotary, b, hk, j0, p.keys, E);
-      rotate_tile<scalar_t, kBM, kTcThreads>(sQ[buf], kLdK, p.q_rotary, b, h, i0, p.queries, E);
+      if (u == 0) {
+        rotate_tile_global<scalar_t, kRowsPerTile, kTcThreads>(sK, kLdK, p.k_rotary, b, hk, j0, p.keys, E);
+      }
+      rotate_tile_global<scalar_t, kBM, kTcThreads>(sQ[buf], kLdK, p.q_rotary, b, h, i0, p.queries, E);
       __syncthreads();
     }
 

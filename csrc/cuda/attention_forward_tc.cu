@@ -22,6 +22,10 @@ struct ForwardShape {
   static constexpr int kBM = 16 * kMI * kTcWarps, kBN = 64, kNB = kBN / 8;
   static constexpr int kLdK = tc_ld<kE>(), kLdV = tc_ld<kEv>();
   static constexpr size_t kSmem = 2 * (static_cast<size_t>(kBM + kBN) * kLdK + static_cast<size_t>(kBN) * kLdV);
+  // RoPE: each K tile's table rows come by cp.async with the tile, where they fit beside two blocks
+  // per multiprocessor; wider heads read them from global memory as they turn the tile.
+  static constexpr bool kTableInSmem = kE <= 128;
+  static constexpr size_t kTableBytes = static_cast<size_t>(kBN) * kE * sizeof(float);
 };
 
 // o += P V for a warp's 16 kMI rows, P rounded to 16 bits; with kSplit also (P - round(P)) V.
@@ -75,6 +79,8 @@ __global__ void __launch_bounds__(kTcThreads)
   scalar_t* sK = sQ + kBM * kLdK;
   scalar_t* sV = sK + kBN * kLdK;
   unsigned char* sMask = reinterpret_cast<unsigned char*>(sV + kBN * kLdV);
+  float* sTable = reinterpret_cast<float*>(sMask + mask_tile_bytes<scalar_t, kBM, kBN>(p.mask_kind));
+  const bool table_in_smem = Shape::kTableInSmem && p.rotary();
 
   // Tiles past the causal frontier are skipped unless K or V holds a non-finite value, which
   // PyTorch's math path carries into every row (NaN - inf, and zero weights times inf).
@@ -86,6 +92,7 @@ __global__ void __launch_bounds__(kTcThreads)
   }
   tile_to_smem_async<scalar_t, kBM, kE, kTcThreads>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
   tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, keys.begin, key_end, E, in.k);
+  if (table_in_smem) table_to_smem_async<kBN, kTcThreads>(sTable, p.k_rotary, b, hk, keys.begin, key_end, E);
   cp_async_commit();
 
   // m: running maximum of a row; l: this lane's part of its running denominator.
@@ -105,8 +112,14 @@ __global__ void __launch_bounds__(kTcThreads)
     cp_async_wait<1>();  // Q, this K and this mask tile
     __syncthreads();
     if (p.rotary()) {  // RoPE: Q once, each K tile as it lands
-      if (j0 == keys.begin) rotate_tile<scalar_t, kBM, kTcThreads>(sQ, kLdK, p.q_rotary, b, h, i0, p.queries, E);
-      rotate_tile<scalar_t, kBN, kTcThreads>(sK, kLdK, p.k_rotary, b, hk, j0, key_end, E);
+      if (j0 == keys.begin) {
+        rotate_tile_global<scalar_t, kBM, kTcThreads>(sQ, kLdK, p.q_rotary, b, h, i0, p.queries, E);
+      }
+      if (table_in_smem) {
+        rotate_tile_smem<scalar_t, kBN, kTcThreads>(sK, kLdK, sTable, p.k_rotary.interleaved, j0, key_end, E);
+      } else {
+        rotate_tile_global<scalar_t, kBN, kTcThreads>(sK, kLdK, p.k_rotary, b, hk, j0, key_end, E);
+      }
       __syncthreads();
     }
 
@@ -131,6 +144,7 @@ __global__ void __launch_bounds__(kTcThreads)
     __syncthreads();  // every warp is done with this K
     if (j0 + kBN < key_end) {
       tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, j0 + kBN, key_end, E, in.k);
+      if (table_in_smem) table_to_smem_async<kBN, kTcThreads>(sTable, p.k_rotary, b, hk, j0 + kBN, key_end, E);
     }
     cp_async_commit();
 
@@ -212,7 +226,9 @@ void attention_forward_tc(const AttentionProblem& pb, const at::Tensor& out, con
       using Shape = ForwardShape<decltype(e)::value, decltype(ev)::value>;
       launch_threads(attention_forward_tc_kernel<scalar_t, decltype(e)::value, decltype(ev)::value>,
                      tile_grid(p.queries, Shape::kBM, p.heads, p.batch), kTcThreads,
-                     Shape::kSmem + mask_tile_bytes<scalar_t, Shape::kBM, Shape::kBN>(p.mask_kind), p,
+                     Shape::kSmem + mask_tile_bytes<scalar_t, Shape::kBM, Shape::kBN>(p.mask_kind) +
+                         (Shape::kTableInSmem && p.rotary() ? Shape::kTableBytes : 0),
+                     p,
                      out.data_ptr<scalar_t>(), lse.data_ptr<float>(),
                      kv_finite.defined() ? kv_finite.const_data_ptr<bool>() : nullptr);
     });

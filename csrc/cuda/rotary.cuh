@@ -1,15 +1,23 @@
 // RoPE inside the CUDA kernels: Q and K rows are turned on their way into shared memory, so the
-// rotated tensors are never written out; the gradients are turned back on the host (rotary.h).
-// Pairs turn in float32 (float64 for float64 inputs) and are rounded to the input dtype, as a
-// separately rotated input (rudnn.apply_rotary) would be. No torch includes.
+// rotated tensors are never written out; the gradients are turned back once complete
+// (turn_back_cuda). Pairs turn in float32 (float64 for float64 inputs) and are rounded to the
+// input dtype, as a separately rotated input (rudnn.apply_rotary) would be. No torch includes.
 #pragma once
 
-#include "common.cuh"
+#include "mma.cuh"
 
 namespace rudnn::cuda {
 
 __device__ __forceinline__ const float* rotary_row(const RotaryTable& t, int64_t b, int64_t h, int64_t row) {
   return t.data + b * t.strides.batch + h * t.strides.head + row * t.strides.row;
+}
+
+// Whether a table's rows can be read in 16-byte pieces: E a multiple of 8 (4 pairs per piece and
+// side), rows 16-byte aligned.
+__device__ __forceinline__ bool rotary_rows_vector(const RotaryTable& t, int E) {
+  const Strides4& s = t.strides;
+  return E % 8 == 0 && s.row % 4 == 0 && s.head % 4 == 0 && s.batch % 4 == 0 &&
+         reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
 }
 
 // Column c of a head dim E: its pair's other column, the pair's index, and whether c comes first
@@ -32,24 +40,124 @@ __device__ __forceinline__ acc_t turned(acc_t x, acc_t partner, const RotaryColu
   return round_to<scalar_t>(col.first ? x * cos - partner * sin : partner * sin + x * cos);
 }
 
-// Rows [0, kRows) of a tile of 16-bit elements in shared memory (row r at tile + r ld), the rows
-// row0 + r of head (b, h), turned in place; rows at or past `rows` are left as they are.
-template <typename scalar_t, int kRows, int kThreadCount>
-__device__ __forceinline__ void rotate_tile(scalar_t* tile, int ld, const RotaryTable& t, int64_t b, int64_t h,
-                                            int64_t row0, int64_t rows, int E) {
+// Pairs (x1, x2) turned by angles (cos, sin), or turned back with kInverse.
+template <bool kInverse, typename T>
+__device__ __forceinline__ void turn_pair(T& x1, T& x2, T cos, T sin) {
+  const T s = kInverse ? -sin : sin;
+  const T y1 = x1 * cos - x2 * s, y2 = x1 * s + x2 * cos;
+  x1 = y1, x2 = y2;
+}
+
+// Rows [0, kRows) of a tile of 16-bit elements in shared memory (row r at tile + r ld) turned in
+// place, row r by the table row angles(r) (global or shared memory); rows at or past `valid` are
+// left as they are. Where `vector`, a thread turns four pairs at a time, and the table pieces of
+// kBatch groups are read before any is used, so that their latencies overlap.
+template <typename scalar_t, int kRows, int kThreadCount, typename Angles>
+__device__ __forceinline__ void rotate_tile(scalar_t* tile, int ld, bool interleaved, int valid, int E, bool vector,
+                                            Angles angles) {
   const int half = E / 2;
+  if (!vector) {
 #pragma unroll 1
-  for (int idx = threadIdx.x; idx < kRows * half; idx += kThreadCount) {
-    const int r = idx / half, pair = idx % half;
-    if (row0 + r >= rows) break;  // idx only grows, and so does r
-    const float* angles = rotary_row(t, b, h, row0 + r);
-    const float cos = angles[pair], sin = angles[half + pair];
-    const int c1 = t.interleaved ? 2 * pair : pair, c2 = t.interleaved ? 2 * pair + 1 : pair + half;
-    scalar_t* x = tile + r * ld;
-    const float x1 = static_cast<float>(x[c1]), x2 = static_cast<float>(x[c2]);
-    x[c1] = static_cast<scalar_t>(x1 * cos - x2 * sin);
-    x[c2] = static_cast<scalar_t>(x1 * sin + x2 * cos);
+    for (int idx = threadIdx.x; idx < kRows * half; idx += kThreadCount) {
+      const int r = idx / half, pair = idx % half;
+      if (r >= valid) break;  // idx only grows, and so does r
+      const float* a = angles(r);
+      const int c1 = interleaved ? 2 * pair : pair, c2 = interleaved ? 2 * pair + 1 : pair + half;
+      float x1 = static_cast<float>(tile[r * ld + c1]), x2 = static_cast<float>(tile[r * ld + c2]);
+      turn_pair<false>(x1, x2, a[pair], a[half + pair]);
+      tile[r * ld + c1] = static_cast<scalar_t>(x1);
+      tile[r * ld + c2] = static_cast<scalar_t>(x2);
+    }
+    return;
   }
+  constexpr int kBatch = 4;
+  const int groups = half / 4, total = min(valid, kRows) * groups;
+#pragma unroll 1
+  for (int base = threadIdx.x; base < total; base += kBatch * kThreadCount) {
+    float4 cos[kBatch], sin[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int idx = base + u * kThreadCount;
+      if (idx < total) {
+        const float* a = angles(idx / groups) + 4 * (idx % groups);
+        cos[u] = *reinterpret_cast<const float4*>(a);
+        sin[u] = *reinterpret_cast<const float4*>(a + half);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int idx = base + u * kThreadCount;
+      if (idx >= total) break;
+      const int r = idx / groups, g = idx % groups;
+      const float c[4] = {cos[u].x, cos[u].y, cos[u].z, cos[u].w}, s[4] = {sin[u].x, sin[u].y, sin[u].z, sin[u].w};
+      scalar_t* row = tile + r * ld;
+      if (interleaved) {  // columns 8g .. 8g + 7: one 16-byte piece
+        uint4 piece = *reinterpret_cast<const uint4*>(row + 8 * g);
+        scalar_t* x = reinterpret_cast<scalar_t*>(&piece);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x1 = static_cast<float>(x[2 * e]), x2 = static_cast<float>(x[2 * e + 1]);
+          turn_pair<false>(x1, x2, c[e], s[e]);
+          x[2 * e] = static_cast<scalar_t>(x1), x[2 * e + 1] = static_cast<scalar_t>(x2);
+        }
+        *reinterpret_cast<uint4*>(row + 8 * g) = piece;
+      } else {  // columns 4g .. 4g + 3 and their partners half + 4g ..: two 8-byte pieces
+        uint2 first = *reinterpret_cast<const uint2*>(row + 4 * g);
+        uint2 second = *reinterpret_cast<const uint2*>(row + half + 4 * g);
+        scalar_t* x = reinterpret_cast<scalar_t*>(&first);
+        scalar_t* y = reinterpret_cast<scalar_t*>(&second);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x1 = static_cast<float>(x[e]), x2 = static_cast<float>(y[e]);
+          turn_pair<false>(x1, x2, c[e], s[e]);
+          x[e] = static_cast<scalar_t>(x1), y[e] = static_cast<scalar_t>(x2);
+        }
+        *reinterpret_cast<uint2*>(row + 4 * g) = first;
+        *reinterpret_cast<uint2*>(row + half + 4 * g) = second;
+      }
+    }
+  }
+}
+
+// Rows of head (b, h) of a table, turning a tile of rows [row0, row0 + kRows) straight from
+// global memory: for tiles a block turns once.
+template <typename scalar_t, int kRows, int kThreadCount>
+__device__ __forceinline__ void rotate_tile_global(scalar_t* tile, int ld, const RotaryTable& t, int64_t b, int64_t h,
+                                                   int64_t row0, int64_t rows, int E) {
+  const int valid = static_cast<int>(max(int64_t{0}, min(int64_t{kRows}, rows - row0)));
+  rotate_tile<scalar_t, kRows, kThreadCount>(tile, ld, t.interleaved, valid, E, rotary_rows_vector(t, E),
+                                             [&](int r) { return rotary_row(t, b, h, row0 + r); });
+}
+
+// Table rows [row0, row0 + kRows) of head (b, h) into shared memory (kRows x E floats) by cp.async
+// in the caller's next group where rotary_rows_vector, element by element otherwise; rows past
+// `rows` are not read.
+template <int kRows, int kThreadCount>
+__device__ __forceinline__ void table_to_smem_async(float* dst, const RotaryTable& t, int64_t b, int64_t h,
+                                                    int64_t row0, int64_t rows, int E) {
+  const int valid = static_cast<int>(max(int64_t{0}, min(int64_t{kRows}, rows - row0)));
+  if (rotary_rows_vector(t, E)) {
+    const int pieces = E / 4;
+#pragma unroll 1
+    for (int idx = threadIdx.x; idx < valid * pieces; idx += kThreadCount) {
+      const int r = idx / pieces, c = idx % pieces;
+      cp_async16(dst + r * E + 4 * c, rotary_row(t, b, h, row0 + r) + 4 * c, 16);
+    }
+    return;
+  }
+#pragma unroll 1
+  for (int idx = threadIdx.x; idx < valid * E; idx += kThreadCount) {
+    dst[idx] = rotary_row(t, b, h, row0 + idx / E)[idx % E];
+  }
+}
+
+// A tile turned with its table rows in shared memory (table_to_smem_async's layout).
+template <typename scalar_t, int kRows, int kThreadCount>
+__device__ __forceinline__ void rotate_tile_smem(scalar_t* tile, int ld, const float* table, bool interleaved,
+                                                 int64_t row0, int64_t rows, int E) {
+  const int valid = static_cast<int>(max(int64_t{0}, min(int64_t{kRows}, rows - row0)));
+  rotate_tile<scalar_t, kRows, kThreadCount>(tile, ld, interleaved, valid, E, E % 8 == 0,
+                                             [&](int r) { return table + r * E; });
 }
 
 }  // namespace rudnn::cuda
