@@ -9,7 +9,6 @@ device and versions, writes the raw numbers as JSON and a plot of TFLOP/s as PNG
 """
 import argparse
 import dataclasses
-import datetime
 import json
 
 import torch
@@ -93,12 +92,8 @@ def main():
     else:
         cases = CPU_CASES
     results = benchmark.run(cases, args.device, repeats=args.repeats)
-    print(f"{datetime.date.today()}, {benchmark.environment(args.device)}, median of {args.repeats} runs")
-    print(benchmark.table(results))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"date": str(datetime.date.today()), "environment": benchmark.environment(args.device),
-                       "results": [dataclasses.asdict(r) for r in results]}, f, indent=1)
+    benchmark.report(args.device, f"median of {args.repeats} runs", benchmark.table(results),
+                     [dataclasses.asdict(r) for r in results], args.json)
     if args.png:
         plot([dataclasses.asdict(r) for r in results], args.png)
 

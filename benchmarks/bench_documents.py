@@ -7,8 +7,6 @@ Time grows with the sum of squared document lengths: the uniform cases double it
 TFLOP/s count the useful products only (FlashAttention's 2 + 5 per score of a document).
 """
 import argparse
-import datetime
-import json
 import warnings
 
 import torch
@@ -136,13 +134,8 @@ def main():
                              f"{tflops:.1f} | {peak / 2**20:.0f} MiB | {ratio:.2f}x |")
         del impls
         torch.cuda.empty_cache()
-    print(f"{datetime.date.today()}, {benchmark.environment('cuda')}, H={HEADS}, E={HEAD_DIM}, "
-          f"bf16, median of {args.repeats} runs")
-    print("\n".join(lines))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"date": str(datetime.date.today()), "environment": benchmark.environment("cuda"),
-                       "results": rows}, f, indent=1)
+    benchmark.report("cuda", f"H={HEADS}, E={HEAD_DIM}, bf16, median of {args.repeats} runs", "\n".join(lines),
+                     rows, args.json)
 
 
 if __name__ == "__main__":

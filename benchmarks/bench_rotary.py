@@ -6,8 +6,6 @@
 Forward and forward+backward (the gradients of the un-rotated Q, K, V); bf16 on the GPU.
 """
 import argparse
-import datetime
-import json
 
 import torch
 import torch.nn.functional as F
@@ -100,13 +98,8 @@ def main():
                              f"{ratio:.2f}x |")
         del q, k, v, grad
         torch.cuda.empty_cache()
-    print(f"{datetime.date.today()}, {benchmark.environment('cuda')}, bf16, half-split RoPE, "
-          f"median of {args.repeats} runs")
-    print("\n".join(lines))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"date": str(datetime.date.today()), "environment": benchmark.environment("cuda"),
-                       "results": rows}, f, indent=1)
+    benchmark.report("cuda", f"bf16, half-split RoPE, median of {args.repeats} runs", "\n".join(lines), rows,
+                     args.json)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 import contextlib
 import ctypes
 import dataclasses
+import datetime
 import functools
+import json
 import math
 import statistics
 import sys
@@ -271,6 +273,17 @@ def table(results):
         lines.append(f"| {r.case} | {r.mode} | {r.impl} | {r.seconds * 1e3:.2f} | {r.tflops:.3f} | "
                      f"{_fmt_bytes(r.peak_bytes)} | {ratio:.2f}x |")
     return "\n".join(lines)
+
+
+def report(device, details, table_text, rows, json_path=None):
+    """Prints a run's heading (date, device and versions, `details`) and its table; writes the
+    rows as JSON to json_path, when given, with the same date and environment."""
+    today, env = str(datetime.date.today()), environment(device)
+    print(f"{today}, {env}, {details}")
+    print(table_text)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"date": today, "environment": env, "results": rows}, f, indent=1)
 
 
 def environment(device):
