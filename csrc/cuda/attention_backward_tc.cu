@@ -164,6 +164,7 @@ __global__ void __launch_bounds__(kTcThreads)
                                                         in.k);
       tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV[buf ^ 1], p.v, p.v_strides, b, hk, j0 + kBN, key_end, Ev,
                                                          in.v);
+      if (p.rotary()) prefetch_table_rows<kBN, kTcThreads>(p.k_rotary, b, hk, j0 + kBN, key_end, E);
     }
     cp_async_commit();
     if (p.rotary()) {  // RoPE: Q once, each K tile as it lands
@@ -276,6 +277,7 @@ __global__ void __launch_bounds__(kTcThreads)
     tile_to_smem_async<scalar_t, kBM, kE, kTcThreads>(sQ[buf], p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
     tile_to_smem_async<scalar_t, kBM, kEv, kTcThreads>(sDO[buf], a.dout, a.dout_strides, b, h, i0, p.queries, Ev,
                                                        in.dout);
+    if (p.rotary()) prefetch_table_rows<kBM, kTcThreads>(p.q_rotary, b, h, i0, p.queries, E);
     const int r = threadIdx.x % kBM;
     const int64_t i = i0 + r, at = (b * p.heads + h) * p.queries + i;
     float* stats = sStats + buf * 2 * kBM;

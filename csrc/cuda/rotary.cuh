@@ -129,6 +129,21 @@ __device__ __forceinline__ void rotate_tile_global(scalar_t* tile, int ld, const
                                              [&](int r) { return rotary_row(t, b, h, row0 + r); });
 }
 
+// Table rows [row0, row0 + kRows) of head (b, h) fetched into L1 ahead of rotate_tile_global, so
+// that turning a streamed tile, a tile later, waits on L1 rather than L2.
+template <int kRows, int kThreadCount>
+__device__ __forceinline__ void prefetch_table_rows(const RotaryTable& t, int64_t b, int64_t h, int64_t row0,
+                                                    int64_t rows, int E) {
+  constexpr int kLine = 128 / sizeof(float);
+  const int valid = static_cast<int>(max(int64_t{0}, min(int64_t{kRows}, rows - row0)));
+  const int lines = (E + kLine - 1) / kLine;
+#pragma unroll 1
+  for (int idx = threadIdx.x; idx < valid * lines; idx += kThreadCount) {
+    const float* at = rotary_row(t, b, h, row0 + idx / lines) + min(idx % lines * kLine, E - 1);
+    asm volatile("prefetch.global.L1 [%0];\n" ::"l"(at));
+  }
+}
+
 // Table rows [row0, row0 + kRows) of head (b, h) into shared memory (kRows x E floats) by cp.async
 // in the caller's next group where rotary_rows_vector, element by element otherwise; rows past
 // `rows` are not read.
