@@ -119,8 +119,9 @@ __device__ __forceinline__ void rotate_tile(scalar_t* tile, int ld, bool interle
   }
 }
 
-// Rows of head (b, h) of a table, turning a tile of rows [row0, row0 + kRows) straight from
-// global memory: for tiles a block turns once.
+// A tile of rows [row0, row0 + kRows) of head (b, h) turned with its table rows read straight from
+// global memory (L1 where prefetch_table_rows ran a tile earlier): tiles a block turns once, the
+// backward's streamed tiles, and the forward's K tiles of wide heads.
 template <typename scalar_t, int kRows, int kThreadCount>
 __device__ __forceinline__ void rotate_tile_global(scalar_t* tile, int ld, const RotaryTable& t, int64_t b, int64_t h,
                                                    int64_t row0, int64_t rows, int E) {
