@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What the developers run on the GPU machine after every change to CUDA code: build for the GPU,
-# then the named steps.   bash benchmarks/gpu_check.sh [tests] [sanitize] [bench] [documents] [rotary] [long] [profile]
+# then the named steps.   bash benchmarks/gpu_check.sh [tests] [sanitize] [bench] [documents] [rotary] [long] [profile] [ncu]
 #   tests     the whole test suite's CUDA half (device-parametrised tests, test_cuda.py, test_tensor_cores.py)
 #             and the error-message tests (the machine's own build of the host code)
 #   sanitize  compute-sanitizer memcheck and racecheck on a small grid of shapes
@@ -9,6 +9,8 @@
 #   rotary    benchmarks/bench_rotary.py: fused RoPE against RoPE first, JSON into $OUT
 #   long      L = S = 65536, E = 64, bf16, causal, forward and backward: time and peak memory
 #   profile   per-kernel GPU time of forward and backward
+#   ncu       Nsight Compute on the kernels of the cases named by NCU_CASES (default: the float32
+#             case), NCU_COUNT launches: details and per-instruction stall samples into $OUT
 set -uo pipefail
 OUT=${OUT:-/tmp/rudnn-gpu}
 mkdir -p "$OUT"
@@ -46,6 +48,12 @@ for step in "$@"; do
       python3 benchmarks/long_rows.py 2>&1 | tee "$OUT/long.log" ;;
     profile)
       python3 benchmarks/profile_kernels.py 2>&1 | tee "$OUT/profile.log" | grep -v "^-" ;;
+    ncu)
+      ncu --clock-control none --set full --import-source yes -k regex:attention -c "${NCU_COUNT:-3}" -f -o /tmp/rudnn-kernels \
+        python3 benchmarks/profile_kernels.py --cases "${NCU_CASES:-float32}" --once >"$OUT/ncu.log" 2>&1
+      ncu --import /tmp/rudnn-kernels.ncu-rep --page details >"$OUT/ncu_details.txt" 2>&1
+      ncu --import /tmp/rudnn-kernels.ncu-rep --page source --csv --print-source sass >"$OUT/ncu_source.csv" 2>&1
+      tail -n 3 "$OUT/ncu.log"; grep -E "^  [a-z_]+.*\(|Duration|Executed Ipc A|Issue Slots Busy|Registers Per|Achieved Occ" "$OUT/ncu_details.txt" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   echo "$step: $(($(date +%s) - start)) s"

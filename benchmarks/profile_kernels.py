@@ -1,5 +1,13 @@
 """Where the GPU time goes: per-kernel CUDA time of rudnn's forward and backward on the issue's
-benchmark cases, from torch.profiler."""
+benchmark cases, from torch.profiler.
+
+    python benchmarks/profile_kernels.py [--cases SUBSTRING] [--once]
+
+--once runs each selected case's forward and backward once, without torch.profiler, for an outside
+profiler (ncu --kernel-name ... python benchmarks/profile_kernels.py --cases float32 --once).
+"""
+import argparse
+
 import torch
 from torch.profiler import ProfilerActivity, profile
 
@@ -12,7 +20,14 @@ CASES = [benchmark.Case(8, 16, 4096, 128, dtype=torch.bfloat16),
          benchmark.Case(8, 16, 4096, 128, dtype=torch.bfloat16, dropout=0.1),
          benchmark.Case(4, 16, 2048, 64, dtype=torch.float32, mask="bool", dropout=0.1)]
 
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--cases", default="", help="only the cases whose name holds this")
+parser.add_argument("--once", action="store_true", help="run each case once, no torch.profiler")
+args = parser.parse_args()
+
 for case in CASES:
+    if args.cases not in case.name:
+        continue
     q, k, v, mask = case.inputs("cuda", True)
     grad = torch.randn_like(q)
 
@@ -23,6 +38,8 @@ for case in CASES:
 
     step()
     torch.cuda.synchronize()
+    if args.once:
+        continue
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()

@@ -27,10 +27,12 @@ struct Strides4 {
   int64_t batch, head, row, col;
 };
 
-// Whether rows of `cols` 16-bit elements of a canonical tensor can be copied in 16-byte chunks
-// (the tensor-core kernels' cp.async): contiguous rows, a multiple of 8 long, on 16 bytes.
-RUDNN_HOST_DEVICE_FN inline bool rows_in_16_byte_chunks(const void* base, const Strides4& s, int64_t cols) {
-  return s.col == 1 && cols % 8 == 0 && s.row % 8 == 0 && s.head % 8 == 0 && s.batch % 8 == 0 &&
+// Whether rows of `cols` elements of `element_bytes` each of a canonical tensor can be copied in
+// 16-byte chunks (the kernels' cp.async): contiguous rows of whole chunks, on 16 bytes.
+RUDNN_HOST_DEVICE_FN inline bool rows_in_16_byte_chunks(const void* base, const Strides4& s, int64_t cols,
+                                                        int64_t element_bytes) {
+  const int64_t n = 16 / element_bytes;
+  return s.col == 1 && cols % n == 0 && s.row % n == 0 && s.head % n == 0 && s.batch % n == 0 &&
          reinterpret_cast<uintptr_t>(base) % 16 == 0;
 }
 

@@ -55,7 +55,9 @@ std::string slow_operands(const AttentionProblem& pb) {
   const AttentionParams& p = pb.params;
   std::string names;
   const auto check = [&](const char* name, const void* base, const Strides4& s, int64_t cols) {
-    if (!rows_in_16_byte_chunks(base, s, cols)) names += names.empty() ? name : std::string(", ") + name;
+    if (!rows_in_16_byte_chunks(base, s, cols, pb.q.element_size())) {
+      names += names.empty() ? name : std::string(", ") + name;
+    }
   };
   check("query", p.q, p.q_strides, p.head_dim);
   check("key", p.k, p.k_strides, p.head_dim);

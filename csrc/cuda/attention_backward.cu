@@ -45,8 +45,8 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
   extern __shared__ __align__(16) unsigned char smem[];
   acc_t* sQ = reinterpret_cast<acc_t*>(smem);  // kBM x kLd: Q times unit * scale
   acc_t* sDO = sQ + kBM * kLd;                   // kBM x kLd
-  acc_t* sK = sDO + kBM * kLd;                   // kBN x kLd, rows permuted
-  acc_t* sV = sK + kBN * kLd;                    // kBN x kLd, rows permuted
+  acc_t* sK = sDO + kBM * kLd;                   // 2 buffers of kBN x kLd, rows permuted
+  acc_t* sV = sK + 2 * kBN * kLd;                // kBN x kLd, rows permuted
   acc_t* sDS = sV + kBN * kLd;                   // kBN x kLdWeights: dS^T
   acc_t* cache = sDS + kBN * Cfg::kLdWeights + threadIdx.x;  // per key tile: this thread's P, then dP∘M
 
@@ -64,19 +64,37 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
   clear<Cfg>(acc);
   const DropoutRng rng = device_rng(p);
   const int64_t last_row = min(i0 + kBM, p.queries) - 1;
-  const bool can_skip = p.is_causal && a.kv_finite[b * p.kv_heads + hk];
-  const int64_t diagonal = p.shard.query_start - p.shard.key_start;
+  const RowRange keys = document_keys(p, b, i0, kBM, kBN);
+  const int64_t key_end = p.is_causal && a.kv_finite[b * p.kv_heads + hk]
+                              ? min(keys.end, last_row + p.shard.query_start - p.shard.key_start + 1)
+                              : keys.end;
+  const bool k_async = streams_async<scalar_t, acc_t>(p.k, p.k_strides, E, p.k_rotary);
+  const bool v_async = streams_async<scalar_t, acc_t>(p.v, p.v_strides, Ev);
+  // K has two buffers: the next tile's copies in from the start of this one. V has one: the next
+  // tile's copies in once this one's products have read it, while dS and dQ are formed.
+  const auto stream_k = [&](int64_t j0, int buffer) {
+    stream_tile<scalar_t, Cfg>(sK + buffer * kBN * kLd, p.k, p.k_strides, b, hk, j0, p.keys, E, k_async, p.k_rotary);
+  };
+  const auto stream_v = [&](int64_t j0) {
+    stream_tile<scalar_t, Cfg>(sV, p.v, p.v_strides, b, hk, j0, p.keys, Ev, v_async);
+  };
 
   for (int pass = mode.form_delta ? 0 : 1; pass < 2; ++pass) {
     const bool cached = pass == 1 && mode.cache_tiles > 0;
-    int tile = 0;
-    const RowRange keys = document_keys(p, b, i0, kBM, kBN);
-    for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBN, ++tile) {
-      if (can_skip && j0 - last_row > diagonal) break;
-      __syncthreads();  // the previous tile is consumed
-      load_tile<scalar_t, Cfg, kBN, true>(sK, p.k, p.k_strides, b, hk, j0, p.keys, E, acc_t(1), p.k_rotary);
-      if (!cached) load_tile<scalar_t, Cfg, kBN, true>(sV, p.v, p.v_strides, b, hk, j0, p.keys, Ev, acc_t(1));
-      __syncthreads();
+    __syncthreads();  // the previous sweep is done with the tiles
+    if (keys.begin < key_end) {
+      stream_k(keys.begin, 0);
+      if (!cached) stream_v(keys.begin);
+      cp_async_commit();
+    }
+    int tile = 0, buffer = 0;
+    for (int64_t j0 = keys.begin; j0 < key_end; j0 += kBN, ++tile, buffer ^= 1) {
+      const bool more = j0 + kBN < key_end;
+      cp_async_wait<0>();
+      __syncthreads();  // this tile's K and V have landed; every thread is done with the other K buffer and dS
+      if (more) stream_k(j0 + kBN, buffer ^ 1);
+      cp_async_commit();
+      const acc_t* tK = sK + buffer * kBN * kLd;
       // P_ij = base^(s_ij - lse_i);  dP_ij = M_ij dO_i.v_j   (keys j = j0 + tx kTN + c)
       acc_t prob[kTM][kTN], dpm[kTM][kTN];
       acc_t* slot = cache + static_cast<int64_t>(tile) * 2 * kSlots;
@@ -87,7 +105,12 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
           dpm[x / kTN][x % kTN] = slot[kSlots + x * kThreads];
         }
       } else {
-        query_tile_probabilities<scalar_t, Cfg>(p, rng, b, h, i0, j0, sQ, sDO, sK, sV, lse, prob, dpm);
+        query_tile_probabilities<scalar_t, Cfg>(p, rng, b, h, i0, j0, sQ, sDO, tK, sV, lse, prob, dpm);
+        if (more) {
+          __syncthreads();  // every thread is done with this V
+          stream_v(j0 + kBN);
+          cp_async_commit();
+        }
       }
       if (pass == 0) {
 #pragma unroll
@@ -111,7 +134,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
       store_weights<kTM, kTN, Cfg::kLdWeights>(sDS, prob);
       __syncthreads();
       // dQ_i += sum_j dS_ij K_j
-      gemm_nn<Cfg, kTM, kBN, Cfg::kLdWeights>(acc, sDS, sK);
+      gemm_nn<Cfg, kTM, kBN, Cfg::kLdWeights>(acc, sDS, tK);
     }
     if (pass == 0) {
 #pragma unroll
@@ -177,74 +200,107 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
   const int64_t key_rows = (b * p.kv_heads + hk) * p.keys;
   const int64_t j = j0 + ty * kTM;  // this thread's first key
 
-  for (int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
-    const int64_t rows = (b * p.heads + h) * p.queries;
-    for (int64_t i0 = first_row; i0 < queries.end; i0 += kBN) {
-      __syncthreads();  // the previous tile is consumed
-      load_tile<scalar_t, Cfg, kBN, true>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, acc_t(1), p.q_rotary);
-      load_tile<scalar_t, Cfg, kBN, true>(sDO, a.dout, a.dout_strides, b, h, i0, p.queries, Ev, acc_t(1));
-      if (threadIdx.x < kBN) {
-        const int64_t i = i0 + threadIdx.x;
-        const bool valid = i < p.queries;
-        sLse[Cfg::permuted(threadIdx.x)] = valid ? a.lse_unit[rows + i] : acc_t(INFINITY);
-        sDelta[Cfg::permuted(threadIdx.x)] = valid ? a.delta[rows + i] : acc_t(0);
+  // Query tile t: head hk group() + t / per_head, rows from first_row + (t % per_head) kBN. Shared
+  // memory holds one Q and one dO tile: the next tile's Q (with its LSE and D) copies in once dK
+  // has read this one's, its dO once dV has.
+  const int64_t per_head = queries.end > first_row ? (queries.end - first_row + kBN - 1) / kBN : 0;
+  const int64_t tiles = per_head * p.group();
+  const bool q_async = streams_async<scalar_t, acc_t>(p.q, p.q_strides, E, p.q_rotary);
+  const bool dout_async = streams_async<scalar_t, acc_t>(a.dout, a.dout_strides, Ev);
+  const auto head_of = [&](int64_t t) { return hk * p.group() + t / per_head; };
+  const auto row0_of = [&](int64_t t) { return first_row + t % per_head * kBN; };
+  const auto stream_q = [&](int64_t t) {
+    const int64_t h = head_of(t), i0 = row0_of(t);
+    stream_tile<scalar_t, Cfg>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, q_async, p.q_rotary);
+    if (threadIdx.x < kBN) {
+      const int64_t i = i0 + threadIdx.x, at = (b * p.heads + h) * p.queries + min(i, p.queries - 1);
+      const int bytes = i < p.queries ? static_cast<int>(sizeof(acc_t)) : 0;  // zeros past the rows
+      cp_async_small(sLse + Cfg::permuted(threadIdx.x), a.lse_unit + at, bytes);
+      cp_async_small(sDelta + Cfg::permuted(threadIdx.x), a.delta + at, bytes);
+    }
+    cp_async_commit();
+  };
+  const auto stream_dout = [&](int64_t t) {
+    stream_tile<scalar_t, Cfg>(sDO, a.dout, a.dout_strides, b, head_of(t), row0_of(t), p.queries, Ev, dout_async);
+    cp_async_commit();
+  };
+  if (tiles > 0) {
+    stream_q(0);
+    stream_dout(0);
+  }
+
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t h = head_of(t), i0 = row0_of(t), rows = (b * p.heads + h) * p.queries;
+    const bool more = t + 1 < tiles;
+    cp_async_wait<1>();
+    __syncthreads();  // this tile's Q, LSE and D have landed (its dO may still be copying)
+    // s = unit * scale * k_j.q_i and dp = v_j.dO_i, for keys j0 + ty kTM + r and queries i0 + tx kTN + c
+    acc_t s[kTM][kTN] = {}, dp[kTM][kTN] = {};
+    gemm_nt<Cfg>(s, sK, sQ, round_up(E, Cfg::kVec));
+    cp_async_wait<0>();
+    __syncthreads();  // this tile's dO has landed
+    gemm_nt<Cfg>(dp, sV, sDO, round_up(Ev, Cfg::kVec));
+    const bool edge = tile_on_edge(p, b, i0, kBN, j0, kBM);
+#pragma unroll
+    for (int c = 0; c < kTN; ++c) {
+      const int64_t i = i0 + tx * kTN + c;
+      const acc_t lse = sLse[tx + kThreadGrid * c], delta = sDelta[tx + kThreadGrid * c];
+      acc_t score[kTM];
+#pragma unroll
+      for (int r = 0; r < kTM; ++r) score[r] = s[r][c];
+      apply_rules<kTM, scalar_t>(p, score, b, h, i, j, unit, edge);
+      acc_t keep[kTM];
+      if (p.has_dropout) dropout_run<kTM>(rng, p.shard.row_position(b, h, i) + static_cast<uint64_t>(j), keep);
+      // dS_ij = P_ij (M_ij dP_ij - D_i); flash numerics round dS and P to the input dtype
+#pragma unroll
+      for (int r = 0; r < kTM; ++r) {
+        const acc_t prob = exp_base(score[r] - lse, flash);
+        const acc_t m = p.has_dropout ? keep[r] : acc_t(1);
+        const acc_t ds = prob * (dp[r][c] * m - delta);
+        s[r][c] = (flash ? round_to<scalar_t>(prob) : prob) * m;
+        dp[r][c] = flash ? round_to<scalar_t>(ds) : ds;
       }
-      __syncthreads();
-      // s = unit * scale * k_j.q_i and dp = v_j.dO_i, for keys j0 + ty kTM + r and queries i0 + tx kTN + c
-      acc_t s[kTM][kTN] = {}, dp[kTM][kTN] = {};
-      gemm_nt<Cfg>(s, sK, sQ, round_up(E, Cfg::kVec));
-      gemm_nt<Cfg>(dp, sV, sDO, round_up(Ev, Cfg::kVec));
-      const bool edge = tile_on_edge(p, b, i0, kBN, j0, kBM);
+    }
+    store_weights<kTM, kTN, kLdW>(sPM, s);
+    store_weights<kTM, kTN, kLdW>(sDS, dp);
+    __syncthreads();
+    // dK_j += sum_i dS_ij Q_i;  dV_j += sum_i (P∘M)_ij dO_i
+    gemm_nn<Cfg, kTM, kBN, kLdW>(acc_k, sDS, sQ);
+    if (more) {
+      __syncthreads();  // every thread is done with this Q
+      stream_q(t + 1);
+    }
+    gemm_nn<Cfg, kTM, kBN, kLdW>(acc_v, sPM, sDO);
+    if (more) {
+      __syncthreads();  // every thread is done with this dO
+      stream_dout(t + 1);
+    }
+    if (dq_sum != nullptr) {
+      // unit * dQ_i += sum_j dS_ij (unit * scale * K_j), for the permuted query rows ty kTN + r;
+      // dS^T is this thread's part of sDS, turned over into the place of P∘M
+      __syncthreads();  // P∘M is consumed
 #pragma unroll
-      for (int c = 0; c < kTN; ++c) {
-        const int64_t i = i0 + tx * kTN + c;
-        const acc_t lse = sLse[tx + kThreadGrid * c], delta = sDelta[tx + kThreadGrid * c];
-        acc_t score[kTM];
+      for (int r = 0; r < kTM; ++r)
 #pragma unroll
-        for (int r = 0; r < kTM; ++r) score[r] = s[r][c];
-        apply_rules<kTM, scalar_t>(p, score, b, h, i, j, unit, edge);
-        acc_t keep[kTM];
-        if (p.has_dropout) dropout_run<kTM>(rng, p.shard.row_position(b, h, i) + static_cast<uint64_t>(j), keep);
-        // dS_ij = P_ij (M_ij dP_ij - D_i); flash numerics round dS and P to the input dtype
-#pragma unroll
-        for (int r = 0; r < kTM; ++r) {
-          const acc_t prob = exp_base(score[r] - lse, flash);
-          const acc_t m = p.has_dropout ? keep[r] : acc_t(1);
-          const acc_t ds = prob * (dp[r][c] * m - delta);
-          s[r][c] = (flash ? round_to<scalar_t>(prob) : prob) * m;
-          dp[r][c] = flash ? round_to<scalar_t>(ds) : ds;
+        for (int c = 0; c < kTN; ++c) {
+          sDSt[(ty * kTM + r) * kLdKeys + tx + kThreadGrid * c] = sDS[(tx + kThreadGrid * c) * kLdW + ty * kTM + r];
         }
-      }
-      store_weights<kTM, kTN, kLdW>(sPM, s);
-      store_weights<kTM, kTN, kLdW>(sDS, dp);
       __syncthreads();
-      // dV_j += sum_i (P∘M)_ij dO_i;  dK_j += sum_i dS_ij Q_i
-      gemm_nn<Cfg, kTM, kBN, kLdW>(acc_v, sPM, sDO);
-      gemm_nn<Cfg, kTM, kBN, kLdW>(acc_k, sDS, sQ);
-      if (dq_sum != nullptr) {
-        // unit * dQ_i += sum_j dS_ij (unit * scale * K_j), for the permuted query rows ty kTN + r
-        __syncthreads();  // P∘M is consumed
+      acc_t part[kTN][Cfg::kOutCols];
+      clear<Cfg>(part);
+      gemm_nn<Cfg, kTN, kBM, kLdKeys>(part, sDSt, sK);
 #pragma unroll
-        for (int r = 0; r < kTM; ++r)
+      for (int r = 0; r < kTN; ++r) {
+        const int64_t i = i0 + Cfg::logical(ty * kTN + r);
+        if (i >= p.queries) continue;
 #pragma unroll
-          for (int c = 0; c < kTN; ++c) sDSt[(ty * kTM + r) * kLdKeys + tx + kThreadGrid * c] = dp[r][c];
-        __syncthreads();
-        acc_t part[kTN][Cfg::kOutCols];
-        clear<Cfg>(part);
-        gemm_nn<Cfg, kTN, kBM, kLdKeys>(part, sDSt, sK);
-#pragma unroll
-        for (int r = 0; r < kTN; ++r) {
-          const int64_t i = i0 + Cfg::logical(ty * kTN + r);
-          if (i >= p.queries) continue;
-#pragma unroll
-          for (int c = 0; c < Cfg::kOutCols; ++c) {
-            const int d = Cfg::out_col(tx, c);
-            if (d < E) atomicAdd(dq_sum + (rows + i) * E + d, part[r][c]);
-          }
+        for (int c = 0; c < Cfg::kOutCols; ++c) {
+          const int d = Cfg::out_col(tx, c);
+          if (d < E) atomicAdd(dq_sum + (rows + i) * E + d, part[r][c]);
         }
       }
     }
-    if (group_sums != nullptr) {
+    if (group_sums != nullptr && (t + 1) % per_head == 0) {
       const bool first = h == hk * p.group(), last = h == (hk + 1) * p.group() - 1;
 #pragma unroll
       for (int r = 0; r < kTM; ++r) {
@@ -270,7 +326,9 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
       clear<Cfg>(acc_v);
     }
   }
-  if (group_sums != nullptr) return;
+  // With group sums the last head wrote dK and dV, unless no query row sees these keys: then the
+  // zero accumulators below are the gradients.
+  if (group_sums != nullptr && tiles > 0) return;
   const auto key_row = [&](int r) {
     const int64_t jr = j + r;
     return jr < p.keys ? key_rows + jr : int64_t{-1};
@@ -293,7 +351,7 @@ void launch_backward(const AttentionProblem& pb, BackwardTensors& t, const at::T
   // key tile's P and dP∘M fit in shared memory beside the tiles, in two sweeps otherwise; float32
   // and float64 inputs, whose output is not rounded below the compute type, take rowsum(dO ∘ O)
   // instead of the second sweep.
-  const size_t dq_smem = sizeof(acc_t) * (2 * (Cfg::kBM + Cfg::kBN) * Cfg::kLd + Cfg::kBN * Cfg::kLdWeights);
+  const size_t dq_smem = sizeof(acc_t) * ((2 * Cfg::kBM + 3 * Cfg::kBN) * Cfg::kLd + Cfg::kBN * Cfg::kLdWeights);
   const size_t cache_per_tile = sizeof(acc_t) * 2 * Cfg::kTM * Cfg::kTN * kThreads;
   const int64_t key_tiles = (p.keys + Cfg::kBN - 1) / Cfg::kBN;
   const bool exact = p.numerics == Numerics::kExact;

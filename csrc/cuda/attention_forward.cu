@@ -1,6 +1,6 @@
 // Forward on CUDA cores: a block owns kBM query rows of one head and streams key/value tiles of
-// kBN rows through shared memory, with an online softmax; scores and P∘M V are register-tiled
-// products (tile.cuh).
+// kBN rows through two shared-memory buffers, the next pair copying in while this one is used,
+// with an online softmax; scores and P∘M V are register-tiled products (tile.cuh).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -27,9 +27,9 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
 
   extern __shared__ __align__(16) unsigned char smem[];
   acc_t* sQ = reinterpret_cast<acc_t*>(smem);  // kBM x kLd: Q times unit * scale
-  acc_t* sK = sQ + kBM * kLd;                    // kBN x kLd, rows permuted
-  acc_t* sV = sK + kBN * kLd;                    // kBN x kLd, rows permuted
-  acc_t* sP = sV + kBN * kLd;                    // kBN x kLdWeights: (P∘M)^T
+  acc_t* sK = sQ + kBM * kLd;                    // 2 buffers of kBN x kLd, rows permuted
+  acc_t* sV = sK + 2 * kBN * kLd;                // 2 buffers of kBN x kLd, rows permuted
+  acc_t* sP = sV + 2 * kBN * kLd;                // kBN x kLdWeights: (P∘M)^T
 
   load_tile<scalar_t, Cfg, kBM, false>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E,
                                        static_cast<acc_t>(p.scale) * unit, p.q_rotary);
@@ -39,22 +39,32 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
   for (int r = 0; r < kTM; ++r) m[r] = -INFINITY, l[r] = 0;
   clear<Cfg>(o);
   const DropoutRng rng = device_rng(p);
-  const int64_t last_row = min(i0 + kBM, p.queries) - 1;
   // Tiles past the causal frontier are skipped unless K or V holds a non-finite value, which
   // PyTorch's math path carries into every row (NaN - inf, and zero weights times inf).
-  const bool can_skip = p.is_causal && kv_finite[b * p.kv_heads + hk];
-  const int64_t diagonal = p.shard.query_start - p.shard.key_start;
-
+  const int64_t last_row = min(i0 + kBM, p.queries) - 1;
   const RowRange keys = document_keys(p, b, i0, kBM, kBN);
-  for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBN) {
-    if (can_skip && j0 - last_row > diagonal) break;
-    __syncthreads();  // the previous tile is consumed
-    load_tile<scalar_t, Cfg, kBN, true>(sK, p.k, p.k_strides, b, hk, j0, p.keys, E, acc_t(1), p.k_rotary);
-    load_tile<scalar_t, Cfg, kBN, true>(sV, p.v, p.v_strides, b, hk, j0, p.keys, Ev, acc_t(1));
-    __syncthreads();
+  const int64_t key_end = p.is_causal && kv_finite[b * p.kv_heads + hk]
+                              ? min(keys.end, last_row + p.shard.query_start - p.shard.key_start + 1)
+                              : keys.end;
+  const bool k_async = streams_async<scalar_t, acc_t>(p.k, p.k_strides, E, p.k_rotary);
+  const bool v_async = streams_async<scalar_t, acc_t>(p.v, p.v_strides, Ev);
+  const auto stream_pair = [&](int64_t j0, int buffer) {
+    stream_tile<scalar_t, Cfg>(sK + buffer * kBN * kLd, p.k, p.k_strides, b, hk, j0, p.keys, E, k_async, p.k_rotary);
+    stream_tile<scalar_t, Cfg>(sV + buffer * kBN * kLd, p.v, p.v_strides, b, hk, j0, p.keys, Ev, v_async);
+    cp_async_commit();
+  };
+  if (keys.begin < key_end) stream_pair(keys.begin, 0);
+
+  int buffer = 0;
+  for (int64_t j0 = keys.begin; j0 < key_end; j0 += kBN, buffer ^= 1) {
+    cp_async_wait<0>();
+    __syncthreads();  // this tile's K and V have landed; every thread is done with the other buffers and P
+    if (j0 + kBN < key_end) stream_pair(j0 + kBN, buffer ^ 1);
+    const acc_t* tK = sK + buffer * kBN * kLd;
+    const acc_t* tV = sV + buffer * kBN * kLd;
     // s_ij = unit * scale * q_i.k_j, for keys j = j0 + tx kTN + c
     acc_t s[kTM][kTN] = {};
-    gemm_nt<Cfg>(s, sQ, sK, round_up(E, Cfg::kVec));
+    gemm_nt<Cfg>(s, sQ, tK, round_up(E, Cfg::kVec));
     const int64_t j = j0 + tx * kTN;
     const bool edge = tile_on_edge(p, b, i0, kBM, j0, kBN);
     // m' = max(m, max_j s_ij);  l' = l base^(m - m') + sum_j P_ij;  o' = o base^(m - m') + (P∘M) V
@@ -86,7 +96,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
     store_weights<kTM, kTN, Cfg::kLdWeights>(sP, s);
     __syncthreads();
     // Zero weights still multiply V: NaN/inf in V reach the row, as in PyTorch's math path.
-    gemm_nn<Cfg, kTM, kBN, Cfg::kLdWeights>(o, sP, sV);
+    gemm_nn<Cfg, kTM, kBN, Cfg::kLdWeights>(o, sP, tV);
   }
 
   // o_i = acc_i / l_i (a row with no keys keeps acc: zeros, or NaN from V);  lse_i = m_i + log l_i
@@ -115,7 +125,7 @@ template <typename scalar_t, typename Cfg>
 void launch_forward(const AttentionParams& p, const at::Tensor& out, const at::Tensor& lse,
                     const at::Tensor& kv_finite) {
   using acc_t = typename Compute<scalar_t>::type;
-  const size_t smem = sizeof(acc_t) * ((Cfg::kBM + 2 * Cfg::kBN) * Cfg::kLd + Cfg::kBN * Cfg::kLdWeights);
+  const size_t smem = sizeof(acc_t) * ((Cfg::kBM + 4 * Cfg::kBN) * Cfg::kLd + Cfg::kBN * Cfg::kLdWeights);
   launch(attention_forward_kernel<scalar_t, Cfg>, tile_grid(p.queries, Cfg::kBM, p.heads, p.batch), smem, p,
          out.data_ptr<scalar_t>(), lse.data_ptr<acc_t>(),
          kv_finite.defined() ? kv_finite.const_data_ptr<bool>() : nullptr);

@@ -112,6 +112,29 @@ __device__ __forceinline__ void load_run(const T* src, int64_t stride, int64_t v
   }
 }
 
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Global -> shared without passing through registers (sm80+): the first src_bytes of the copy from
+// src, zeros after them.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src), "r"(src_bytes));
+}
+// One 4- or 8-byte element (float or double), through L1.
+template <typename T>
+__device__ __forceinline__ void cp_async_small(T* dst, const T* src, int src_bytes) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "cp.async copies 4, 8 or 16 bytes");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_address(dst)), "l"(src),
+               "n"(static_cast<int>(sizeof(T))), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most kPending of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
 // Packed documents: the keys [x, y) that query row i of batch b sees.
 __device__ __forceinline__ int2 key_window(const AttentionParams& p, int64_t b, int64_t i) {
   return reinterpret_cast<const int2*>(p.key_windows)[b * p.queries + i];

@@ -25,21 +25,6 @@ constexpr int tc_ld() {
   return kCols + 8;
 }
 
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared without passing through registers: the first src_bytes (0 to 16)
-// from src, zeros after them.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
-
 // rows [row0, row0 + kRows) x columns [0, kCols) of a canonical tensor into a padded tile;
 // rows past `rows` and columns past `cols` read as zeros. `async` (rows_in_16_byte_chunks): by cp.async in
 // the caller's next group; where the block's threads cover whole rows, a thread keeps one column

@@ -200,10 +200,10 @@ __device__ __forceinline__ InputReads input_reads(const AttentionParams& p, cons
                                                   const Strides4& dout_strides = {}) {
   const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
   const bool masked = p.mask_kind != MaskKind::kNone;
-  return {rows_in_16_byte_chunks(p.q, p.q_strides, E),
-          rows_in_16_byte_chunks(p.k, p.k_strides, E),
-          rows_in_16_byte_chunks(p.v, p.v_strides, Ev),
-          dout != nullptr && rows_in_16_byte_chunks(dout, dout_strides, Ev),
+  return {rows_in_16_byte_chunks(p.q, p.q_strides, E, sizeof(scalar_t)),
+          rows_in_16_byte_chunks(p.k, p.k_strides, E, sizeof(scalar_t)),
+          rows_in_16_byte_chunks(p.v, p.v_strides, Ev, sizeof(scalar_t)),
+          dout != nullptr && rows_in_16_byte_chunks(dout, dout_strides, Ev, sizeof(scalar_t)),
           masked,
           masked && mask_rows_async<scalar_t>(p),
           dropout_blocks_aligned(p)};

@@ -144,6 +144,45 @@ __device__ __forceinline__ void load_tile(acc_t* tile, const void* base, const S
   }
 }
 
+// Whether a streamed operand's tiles can go global -> shared by cp.async: its rows are 16-byte
+// chunks already in the compute type, and there is no rotation to apply on the way.
+template <typename scalar_t, typename acc_t>
+__device__ __forceinline__ bool streams_async(const void* base, const Strides4& s, int cols,
+                                              const RotaryTable& rotary = RotaryTable{}) {
+  return std::is_same_v<scalar_t, acc_t> && rotary.data == nullptr &&
+         rows_in_16_byte_chunks(base, s, cols, sizeof(acc_t));
+}
+
+// A streamed second-operand tile (kBN rows from row0, stored permuted): with `async`
+// (streams_async) by cp.async in the caller's next group, so that it lands while the block
+// computes; otherwise through load_tile. Zeros past `rows` and `cols` either way.
+template <typename scalar_t, typename Cfg, typename acc_t>
+__device__ __forceinline__ void stream_tile(acc_t* tile, const void* base, const Strides4& s, int64_t b, int64_t h,
+                                            int64_t row0, int64_t rows, int cols, bool async,
+                                            const RotaryTable& rotary = RotaryTable{}) {
+  if constexpr (std::is_same_v<scalar_t, acc_t>) {
+    if (async) {
+      // A thread keeps one 16-byte column chunk and steps down the rows by kStep, a multiple of
+      // kTN: its rows' permuted places are then kStep / kTN apart.
+      constexpr int kChunks = Cfg::kWidth / Cfg::kVec, kStep = kThreads / kChunks;
+      static_assert(kThreads % kChunks == 0 && kStep % Cfg::kTN == 0, "a thread's rows stay kStep apart");
+      const int r0 = threadIdx.x / kChunks, d = threadIdx.x % kChunks * Cfg::kVec;
+      const int64_t left = rows - row0 - r0;  // rows of this thread's column left to copy
+      const acc_t* src = at_row<acc_t>(base, s, b, h, row0 + r0) + d;
+      acc_t* dst = tile + Cfg::permuted(r0) * Cfg::kLd + d;
+#pragma unroll
+      for (int it = 0; it < Cfg::kBN / kStep; ++it) {
+        const bool valid = it * kStep < left && d < cols;
+        cp_async16(dst + it * (kStep / Cfg::kTN) * Cfg::kLd, valid ? src : static_cast<const acc_t*>(base),
+                   valid ? 16 : 0);
+        src += kStep * s.row;
+      }
+      return;
+    }
+  }
+  load_tile<scalar_t, Cfg, Cfg::kBN, true>(tile, base, s, b, h, row0, rows, cols, acc_t(1), rotary);
+}
+
 // acc[r][c] += sum_{k < n} A[ty kTM + r][k] * B[tx + 16 c][k]: A and B row-major tiles of stride
 // kLd, n a multiple of kVec (the tiles are zero past their columns).
 template <typename Cfg, typename acc_t>
