@@ -240,7 +240,8 @@ __device__ __forceinline__ void add_group_sum(const float (&acc)[kCols / 8][4], 
 // so that one accumulator fits in registers (dV needs neither dP nor dS).
 enum KeyGrads : int { kGradK = 1, kGradV = 2, kGradKV = 3 };
 
-template <typename scalar_t, int kE, int kEv, int kGrads>
+// kRotary: RoPE fused (p.rotary()), a template flag for the registers, as in the forward.
+template <typename scalar_t, int kE, int kEv, int kGrads, bool kRotary>
 __global__ void __launch_bounds__(kTcThreads)
     attention_dkdv_tc_kernel(const AttentionParams p, const BackwardArgs<float> a, scalar_t* __restrict__ dk,
                              scalar_t* __restrict__ dv, float* __restrict__ group_sums) {
@@ -277,7 +278,7 @@ __global__ void __launch_bounds__(kTcThreads)
     tile_to_smem_async<scalar_t, kBM, kE, kTcThreads>(sQ[buf], p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
     tile_to_smem_async<scalar_t, kBM, kEv, kTcThreads>(sDO[buf], a.dout, a.dout_strides, b, h, i0, p.queries, Ev,
                                                        in.dout);
-    if (p.rotary()) prefetch_table_rows<kBM, kTcThreads>(p.q_rotary, b, h, i0, p.queries, E);
+    if constexpr (kRotary) prefetch_table_rows<kBM, kTcThreads>(p.q_rotary, b, h, i0, p.queries, E);
     const int r = threadIdx.x % kBM;
     const int64_t i = i0 + r, at = (b * p.heads + h) * p.queries + i;
     float* stats = sStats + buf * 2 * kBM;
@@ -307,7 +308,7 @@ __global__ void __launch_bounds__(kTcThreads)
     }
     if (u + 1 < steps) load_step(u + 1);
     cp_async_commit();
-    if (p.rotary()) {  // RoPE: K once, each Q tile as it lands
+    if constexpr (kRotary) {  // RoPE: K once, each Q tile as it lands
       if (u == 0) {
         rotate_tile_global<scalar_t, kRowsPerTile, kTcThreads>(sK, kLdK, p.k_rotary, b, hk, j0, p.keys, E);
       }
@@ -397,15 +398,18 @@ void attention_backward_tc(const AttentionProblem& pb, BackwardTensors& t, const
       scalar_t* dk_data = dk.data_ptr<scalar_t>();
       scalar_t* dv_data = dv.data_ptr<scalar_t>();
       float* sums = round_per_head ? group_sums.data_ptr<float>() : nullptr;
-      if constexpr (kE <= 128 && kEv <= 128) {
-        launch_threads(attention_dkdv_tc_kernel<scalar_t, kE, kEv, kGradKV>, key_grid, kTcThreads, smem, p, a, dk_data,
-                       dv_data, sums);
-      } else {
-        launch_threads(attention_dkdv_tc_kernel<scalar_t, kE, kEv, kGradK>, key_grid, kTcThreads, smem, p, a, dk_data,
-                       dv_data, sums);
-        launch_threads(attention_dkdv_tc_kernel<scalar_t, kE, kEv, kGradV>, key_grid, kTcThreads, smem, p, a, dk_data,
-                       dv_data, sums);
-      }
+      dispatch_flag(p.rotary(), [&](auto rotary) {
+        constexpr bool kRotary = decltype(rotary)::value;
+        if constexpr (kE <= 128 && kEv <= 128) {
+          launch_threads(attention_dkdv_tc_kernel<scalar_t, kE, kEv, kGradKV, kRotary>, key_grid, kTcThreads, smem, p,
+                         a, dk_data, dv_data, sums);
+        } else {
+          launch_threads(attention_dkdv_tc_kernel<scalar_t, kE, kEv, kGradK, kRotary>, key_grid, kTcThreads, smem, p, a,
+                         dk_data, dv_data, sums);
+          launch_threads(attention_dkdv_tc_kernel<scalar_t, kE, kEv, kGradV, kRotary>, key_grid, kTcThreads, smem, p, a,
+                         dk_data, dv_data, sums);
+        }
+      });
     });
   });
   if (dmask.defined()) mask_gradient_cuda(pb, t, dmask);

@@ -58,7 +58,9 @@ __device__ __forceinline__ void probabilities_times_v(float (&o)[kMI][kEv / 8][4
   }
 }
 
-template <typename scalar_t, int kE, int kEv>
+// kRotary: RoPE fused (p.rotary()). A template flag, so that the kernels without it keep their
+// registers for the fragments (its code alone made the E = 128 kernel spill).
+template <typename scalar_t, int kE, int kEv, bool kRotary>
 __global__ void __launch_bounds__(kTcThreads)
     attention_forward_tc_kernel(const AttentionParams p, scalar_t* __restrict__ out, float* __restrict__ lse,
                                 const bool* __restrict__ kv_finite) {
@@ -80,7 +82,7 @@ __global__ void __launch_bounds__(kTcThreads)
   scalar_t* sV = sK + kBN * kLdK;
   unsigned char* sMask = reinterpret_cast<unsigned char*>(sV + kBN * kLdV);
   float* sTable = reinterpret_cast<float*>(sMask + mask_tile_bytes<scalar_t, kBM, kBN>(p.mask_kind));
-  const bool table_in_smem = Shape::kTableInSmem && p.rotary();
+  constexpr bool kTableInSmem = Shape::kTableInSmem && kRotary;
 
   // Tiles past the causal frontier are skipped unless K or V holds a non-finite value, which
   // PyTorch's math path carries into every row (NaN - inf, and zero weights times inf).
@@ -92,7 +94,7 @@ __global__ void __launch_bounds__(kTcThreads)
   }
   tile_to_smem_async<scalar_t, kBM, kE, kTcThreads>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
   tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, keys.begin, key_end, E, in.k);
-  if (table_in_smem) table_to_smem_async<kBN, kTcThreads>(sTable, p.k_rotary, b, hk, keys.begin, key_end, E);
+  if constexpr (kTableInSmem) table_to_smem_async<kBN, kTcThreads>(sTable, p.k_rotary, b, hk, keys.begin, key_end, E);
   cp_async_commit();
 
   // m: running maximum of a row; l: this lane's part of its running denominator.
@@ -111,11 +113,11 @@ __global__ void __launch_bounds__(kTcThreads)
     cp_async_commit();
     cp_async_wait<1>();  // Q, this K and this mask tile
     __syncthreads();
-    if (p.rotary()) {  // RoPE: Q once, each K tile as it lands
+    if constexpr (kRotary) {  // RoPE: Q once, each K tile as it lands
       if (j0 == keys.begin) {
         rotate_tile_global<scalar_t, kBM, kTcThreads>(sQ, kLdK, p.q_rotary, b, h, i0, p.queries, E);
       }
-      if (table_in_smem) {
+      if constexpr (kTableInSmem) {
         rotate_tile_smem<scalar_t, kBN, kTcThreads>(sK, kLdK, sTable, p.k_rotary.interleaved, j0, key_end, E);
       } else {
         rotate_tile_global<scalar_t, kBN, kTcThreads>(sK, kLdK, p.k_rotary, b, hk, j0, key_end, E);
@@ -144,7 +146,7 @@ __global__ void __launch_bounds__(kTcThreads)
     __syncthreads();  // every warp is done with this K
     if (j0 + kBN < key_end) {
       tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, j0 + kBN, key_end, E, in.k);
-      if (table_in_smem) table_to_smem_async<kBN, kTcThreads>(sTable, p.k_rotary, b, hk, j0 + kBN, key_end, E);
+      if constexpr (kTableInSmem) table_to_smem_async<kBN, kTcThreads>(sTable, p.k_rotary, b, hk, j0 + kBN, key_end, E);
     }
     cp_async_commit();
 
@@ -223,14 +225,16 @@ void attention_forward_tc(const AttentionProblem& pb, const at::Tensor& out, con
   const at::Tensor kv_finite = keys_values_finite(pb);
   AT_DISPATCH_REDUCED_FLOATING_TYPES(out.scalar_type(), "rudnn_attention_forward_tc", [&] {
     dispatch_tc_dims(p.head_dim, p.value_dim, [&](auto e, auto ev) {
-      using Shape = ForwardShape<decltype(e)::value, decltype(ev)::value>;
-      launch_threads(attention_forward_tc_kernel<scalar_t, decltype(e)::value, decltype(ev)::value>,
-                     tile_grid(p.queries, Shape::kBM, p.heads, p.batch), kTcThreads,
-                     Shape::kSmem + mask_tile_bytes<scalar_t, Shape::kBM, Shape::kBN>(p.mask_kind) +
-                         (Shape::kTableInSmem && p.rotary() ? Shape::kTableBytes : 0),
-                     p,
-                     out.data_ptr<scalar_t>(), lse.data_ptr<float>(),
-                     kv_finite.defined() ? kv_finite.const_data_ptr<bool>() : nullptr);
+      dispatch_flag(p.rotary(), [&](auto rotary) {
+        constexpr int kE = decltype(e)::value, kEv = decltype(ev)::value;
+        using Shape = ForwardShape<kE, kEv>;
+        launch_threads(attention_forward_tc_kernel<scalar_t, kE, kEv, decltype(rotary)::value>,
+                       tile_grid(p.queries, Shape::kBM, p.heads, p.batch), kTcThreads,
+                       Shape::kSmem + mask_tile_bytes<scalar_t, Shape::kBM, Shape::kBN>(p.mask_kind) +
+                           (Shape::kTableInSmem && p.rotary() ? Shape::kTableBytes : 0),
+                       p, out.data_ptr<scalar_t>(), lse.data_ptr<float>(),
+                       kv_finite.defined() ? kv_finite.const_data_ptr<bool>() : nullptr);
+      });
     });
   });
 }

@@ -67,6 +67,16 @@ void dispatch_width(int64_t width, F&& f) {
   }
 }
 
+// f(std::true_type{}) or f(std::false_type{}): a run-time flag as a kernel's template argument.
+template <typename F>
+void dispatch_flag(bool flag, F&& f) {
+  if (flag) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
+
 // (B, Hkv) bool: every value of the head's K and V is finite, so that tiles causality excludes
 // can be skipped (a sum overflowing to inf only costs the skipping). Undefined without causality.
 inline at::Tensor keys_values_finite(const AttentionProblem& pb) {

@@ -34,27 +34,14 @@ void dispatch_tc_dims(int64_t E, int64_t Ev, F&& f) {
   }
 }
 
-// f(mi, nb, r, i, j) for each pair of a warp's fragment tile s[kMI][kNB][4] of query rows
-// [row0, row0 + 16 kMI) and keys [j0, j0 + 8 kNB): elements s[mi][nb][2r], s[mi][nb][2r + 1] are
-// query i = row0 + 16 mi + g + 8 r and keys j, j + 1 with j = j0 + 8 nb + 2 t (lane = 4 g + t).
-template <int kMI, int kNB, typename F>
-__device__ __forceinline__ void for_each_pair(int64_t row0, int64_t j0, F&& f) {
-  const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int mi = 0; mi < kMI; ++mi)
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-      for (int nb = 0; nb < kNB; ++nb) f(mi, nb, r, row0 + 16 * mi + lane / 4 + 8 * r, j0 + 8 * nb + 2 * (lane % 4));
-}
-
 // The tensor-core kernels keep scores in base 2 (exp2, log2(e) folded into the scale) in both
 // numerics; LSE leaves them in natural units.
 constexpr float kTcUnit = static_cast<float>(kLog2e);
 
 // Raw products q.k to scores (times scale * kTcUnit); on `edge` tiles (tile_on_edge) -inf past
 // the problem's bounds and for keys of other documents, -inf added beyond the causal frontier
-// (apply_rules' rules).
+// (apply_rules' rules). The rules run in 32-bit tile coordinates (row x = i - row0, key y =
+// j - j0), so that the edge path holds few registers beside the fragments.
 template <int kMI, int kNB>
 __device__ __forceinline__ void fragment_scores(const AttentionParams& p, float (&s)[kMI][kNB][4], int64_t b,
                                                 int64_t row0, int64_t j0, bool edge) {
@@ -66,20 +53,36 @@ __device__ __forceinline__ void fragment_scores(const AttentionParams& p, float 
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[mi][nb][e] *= scale;
   if (!edge) return;
-  const int64_t diagonal = p.shard.query_start - p.shard.key_start;
-  for_each_pair<kMI, kNB>(row0, j0, [&](int mi, int nb, int r, int64_t i, int64_t j) {
-    int2 window = make_int2(0, INT_MAX);
-    if (p.key_windows != nullptr && i < p.queries) window = key_window(p, b, i);
+  constexpr int64_t kFar = int64_t{1} << 30;  // beyond any tile coordinate
+  const auto near = [](int64_t v) { return static_cast<int>(min(max(v, -kFar), kFar)); };
+  const int rows = near(p.queries - row0), keys = near(p.keys - j0);
+  // Key y of row x lies beyond the causal frontier where y - x > frontier.
+  const int frontier = p.is_causal ? near(p.shard.query_start - p.shard.key_start + row0 - j0) : INT_MAX;
+  const int lane = threadIdx.x % 32;
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      float& x = s[mi][nb][2 * r + e];
-      if (i >= p.queries || j + e >= p.keys || j + e < window.x || j + e >= window.y) {
-        x = -INFINITY;
-      } else if (p.is_causal && j + e - i > diagonal) {
-        x += -INFINITY;
+  for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int x = 16 * mi + lane / 4 + 8 * r;
+      int lo = INT_MIN, hi = INT_MAX;  // the row's document window, in keys of the tile
+      if (p.key_windows != nullptr && x < rows) {
+        const int2 window = key_window(p, b, row0 + x);
+        lo = near(window.x - j0), hi = near(window.y - j0);
       }
+      const int last = min(min(keys, hi), x < rows ? INT_MAX : 0);  // keys at or past it are out
+#pragma unroll
+      for (int nb = 0; nb < kNB; ++nb)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int y = 8 * nb + 2 * (lane % 4) + e;
+          float& v = s[mi][nb][2 * r + e];
+          if (y >= last || y < lo) {
+            v = -INFINITY;
+          } else if (y - x > frontier) {
+            v += -INFINITY;
+          }
+        }
     }
-  });
 }
 
 // A mask tile in shared memory holds the mask's own elements (bool, the inputs' 16-bit type, or
