@@ -6,7 +6,6 @@ on the same documents as a padded batch (and FlexAttention with a document mask 
 Time grows with the sum of squared document lengths: the uniform cases double it at each step.
 TFLOP/s count the useful products only (FlashAttention's 2 + 5 per score of a document).
 """
-import argparse
 import warnings
 
 import torch
@@ -101,11 +100,7 @@ def implementations(sizes):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json")
-    parser.add_argument("--repeats", type=int, default=10)
-    args = parser.parse_args()
-    torch.manual_seed(0)
+    args = benchmark.script_arguments(__doc__)
     rows = []
     lines = ["| documents | sum of squares / 2^30 | implementation | mode | time (ms) | TFLOP/s | peak memory | "
              "rudnn speed-up |", "|---|---|---|---|---|---|---|---|"]

@@ -5,7 +5,6 @@
 
 Forward and forward+backward (the gradients of the un-rotated Q, K, V); bf16 on the GPU.
 """
-import argparse
 
 import torch
 import torch.nn.functional as F
@@ -61,11 +60,7 @@ def implementations(q, k, v, causal, gqa):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json")
-    parser.add_argument("--repeats", type=int, default=10)
-    args = parser.parse_args()
-    torch.manual_seed(0)
+    args = benchmark.script_arguments(__doc__)
     rows = []
     lines = ["| case | implementation | mode | time (ms) | peak memory | fused speed-up |", "|---|---|---|---|---|---|"]
     for case, (B, hq, hk, L, E, causal) in CASES.items():

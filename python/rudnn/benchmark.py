@@ -1,5 +1,6 @@
 """Timing rudnn against PyTorch's SDPA backends on the same inputs: the library behind
 `python -m rudnn` and benchmarks/bench_attention.py."""
+import argparse
 import contextlib
 import ctypes
 import dataclasses
@@ -273,6 +274,17 @@ def table(results):
         lines.append(f"| {r.case} | {r.mode} | {r.impl} | {r.seconds * 1e3:.2f} | {r.tflops:.3f} | "
                      f"{_fmt_bytes(r.peak_bytes)} | {ratio:.2f}x |")
     return "\n".join(lines)
+
+
+def script_arguments(doc):
+    """The command line of a benchmark script with `doc` as its help (--json, --repeats), parsed,
+    and torch seeded so that runs draw the same inputs."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    return args
 
 
 def report(device, details, table_text, rows, json_path=None):
