@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
                         scalar_t* __restrict__ dq) {
   constexpr int kTM = Cfg::kTM, kTN = Cfg::kTN, kBM = Cfg::kBM, kBN = Cfg::kBN, kLd = Cfg::kLd;
   constexpr int kSlots = kTM * kTN * kThreads;  // one value per element of the score tile
-  const int ty = threadIdx.x / kThreadGrid, tx = threadIdx.x % kThreadGrid;
+  const int ty = grid_row(), tx = grid_col();
   const int64_t b = blockIdx.z, h = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * kBM;
   const int64_t hk = h / p.group();
   const bool flash = p.numerics == Numerics::kFlash;
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
   constexpr int kTM = Cfg::kTM, kTN = Cfg::kTN, kBM = Cfg::kBM, kBN = Cfg::kBN, kLd = Cfg::kLd;
   constexpr int kLdW = Cfg::kLdWeights, kLdKeys = kBN + Cfg::kVec;
   static_assert(kBM == kBN, "the atomic dQ's dS^T takes the place of P∘M");
-  const int ty = threadIdx.x / kThreadGrid, tx = threadIdx.x % kThreadGrid;
+  const int ty = grid_row(), tx = grid_col();
   const int64_t b = blockIdx.z, hk = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * kBM;
   const bool flash = p.numerics == Numerics::kFlash;
   const acc_t unit = static_cast<acc_t>(p.score_unit()), scale = static_cast<acc_t>(p.scale);

@@ -18,7 +18,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
     attention_forward_kernel(const AttentionParams p, scalar_t* __restrict__ out, acc_t* __restrict__ lse,
                              const bool* __restrict__ kv_finite) {
   constexpr int kTM = Cfg::kTM, kTN = Cfg::kTN, kBM = Cfg::kBM, kBN = Cfg::kBN, kLd = Cfg::kLd;
-  const int ty = threadIdx.x / kThreadGrid, tx = threadIdx.x % kThreadGrid;
+  const int ty = grid_row(), tx = grid_col();
   const int64_t b = blockIdx.z, h = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * kBM;
   const int64_t hk = h / p.group();
   const bool flash = p.numerics == Numerics::kFlash;

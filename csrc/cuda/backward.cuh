@@ -49,7 +49,7 @@ __device__ __forceinline__ void query_tile_probabilities(const AttentionParams& 
                                                          acc_t (&prob)[Cfg::kTM][Cfg::kTN],
                                                          acc_t (&dpm)[Cfg::kTM][Cfg::kTN]) {
   constexpr int kTM = Cfg::kTM, kTN = Cfg::kTN;
-  const int ty = threadIdx.x / kThreadGrid, tx = threadIdx.x % kThreadGrid;
+  const int ty = grid_row(), tx = grid_col();
   const bool flash = p.numerics == Numerics::kFlash;
   const acc_t unit = static_cast<acc_t>(p.score_unit());
   acc_t s[kTM][kTN] = {}, dp[kTM][kTN] = {};

@@ -46,20 +46,6 @@ __device__ __forceinline__ float max_nan(float a, float b) {
 #endif
 }
 
-// Reductions over the 16 lanes of a half-warp, which share a row of a score tile.
-template <typename T>
-__device__ __forceinline__ T max16(T x) {
-#pragma unroll
-  for (int o = 8; o > 0; o /= 2) x = max_nan(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
-}
-template <typename T>
-__device__ __forceinline__ T sum16(T x) {
-#pragma unroll
-  for (int o = 8; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
-
 // Rounds to the input dtype and back: FlashAttention's rounding points in "flash" numerics.
 template <typename scalar_t, typename acc_t>
 __device__ __forceinline__ acc_t round_to(acc_t x) {

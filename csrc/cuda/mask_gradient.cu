@@ -18,7 +18,7 @@ template <typename scalar_t, typename Cfg, typename acc_t = typename Compute<sca
 __global__ void __launch_bounds__(kThreads)
     attention_dmask_kernel(const AttentionParams p, const BackwardArgs<acc_t> a, acc_t* __restrict__ dmask) {
   constexpr int kTM = Cfg::kTM, kTN = Cfg::kTN, kBM = Cfg::kBM, kBN = Cfg::kBN, kLd = Cfg::kLd;
-  const int ty = threadIdx.x / kThreadGrid, tx = threadIdx.x % kThreadGrid;
+  const int ty = grid_row(), tx = grid_col();
   const int64_t bm = blockIdx.z / p.mask_heads, hm = blockIdx.z % p.mask_heads;
   const bool all_rows = p.mask_queries == 1, all_keys = p.mask_keys == 1;
   const int64_t own_i0 = static_cast<int64_t>(blockIdx.y) * kBM, own_j0 = static_cast<int64_t>(blockIdx.x) * kBN;
@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  // Sum over the broadcast dims in a fixed order: keys across the half-warp, rows across the block.
+  // Sum over the broadcast dims in a fixed order: keys across a row's 16 lanes, rows across the block.
   if (all_keys) {
 #pragma unroll
     for (int r = 0; r < kTM; ++r) {

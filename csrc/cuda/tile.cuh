@@ -2,10 +2,11 @@
 //
 // A block is a 16 x 16 grid of threads. A product of two tiles gives a (16 kTM) x (16 kTN) score
 // tile; thread (ty, tx) holds a kTM x kTN micro-tile of it: rows ty * kTM + r of the first operand
-// and rows tx + 16 c of the second. A row of scores thus lives in the 16 lanes of a half-warp.
+// and rows tx + 16 c of the second. A row of scores thus lives in the 16 lanes of one ty, which
+// share a warp (grid_row, grid_col).
 // Tiles whose rows are the second operand's are stored permuted (logical row tx * kTN + c at
 // physical row tx + 16 c): a thread's columns are then consecutive keys, which share Philox
-// draws and mask bytes, while the 16 lanes of a load read 16 distinct rows, free of bank conflicts.
+// draws and mask bytes, while the lanes of a load read distinct rows, free of bank conflicts.
 // No torch includes.
 #pragma once
 
@@ -15,6 +16,30 @@ namespace rudnn::cuda {
 
 constexpr int kThreadGrid = 16;
 constexpr int kThreads = kThreadGrid * kThreadGrid;
+
+// Where thread (ty, tx) sits: warp w holds ty = 2w and 2w + 1 with every tx, at lane
+// tx % 8 + 8 (ty % 2) + 16 (tx / 8). Shared memory serves a 16-byte load one half-warp at a time;
+// a half-warp of 8 tx and two ty reads 8 distinct rows of a second-operand tile (one wavefront)
+// where 16 tx of one ty would read 16 (two), which kept the products at two thirds of the FMA rate.
+__device__ __forceinline__ int grid_row() { return static_cast<int>(threadIdx.x / 32 * 2 + (threadIdx.x >> 3 & 1)); }
+__device__ __forceinline__ int grid_col() { return static_cast<int>((threadIdx.x & 7) | (threadIdx.x >> 1 & 8)); }
+
+// Reductions over the 16 lanes of one ty, a row of a score tile: lane masks 16, 4, 2, 1 are tx's
+// bits 3 to 0, so the sums keep the order of a plain tree over tx.
+template <typename T>
+__device__ __forceinline__ T max16(T x) {
+  x = max_nan(x, __shfl_xor_sync(0xffffffffu, x, 16));
+#pragma unroll
+  for (int o = 4; o > 0; o /= 2) x = max_nan(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+template <typename T>
+__device__ __forceinline__ T sum16(T x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 16);
+#pragma unroll
+  for (int o = 4; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
 
 // Tile shapes for a compute type and a head-dim bucket kWidth (the larger of E and Ev, at most).
 // Micro-tiles of 4 x 4 give 16 FMAs per pair of 16-byte shared loads; they shrink for wide heads
@@ -188,7 +213,7 @@ __device__ __forceinline__ void stream_tile(acc_t* tile, const void* base, const
 template <typename Cfg, typename acc_t>
 __device__ __forceinline__ void gemm_nt(acc_t (&acc)[Cfg::kTM][Cfg::kTN], const acc_t* A, const acc_t* B, int n) {
   constexpr int kV = Cfg::kVec;
-  const int ty = threadIdx.x / kThreadGrid, tx = threadIdx.x % kThreadGrid;
+  const int ty = grid_row(), tx = grid_col();
   const acc_t* a_rows = A + ty * Cfg::kTM * Cfg::kLd;
   const acc_t* b_rows = B + tx * Cfg::kLd;
 #pragma unroll 2
@@ -212,7 +237,7 @@ __device__ __forceinline__ void gemm_nt(acc_t (&acc)[Cfg::kTM][Cfg::kTN], const 
 template <typename Cfg, int kRows, int kK, int kLdA, typename acc_t>
 __device__ __forceinline__ void gemm_nn(acc_t (&acc)[kRows][Cfg::kOutCols], const acc_t* At, const acc_t* B) {
   constexpr int kV = Cfg::kVec, kChunks = Cfg::kOutCols / kV;
-  const int ty = threadIdx.x / kThreadGrid, tx = threadIdx.x % kThreadGrid;
+  const int ty = grid_row(), tx = grid_col();
   const acc_t* a_col = At + ty * kRows;
   const acc_t* b_col = B + tx * kV;
 #pragma unroll 4
@@ -234,7 +259,7 @@ __device__ __forceinline__ void gemm_nn(acc_t (&acc)[kRows][Cfg::kOutCols], cons
 // At[physical row tx + 16 c][ty kRows + r] = x[r][c].
 template <int kRows, int kCols, int kLdA, typename acc_t>
 __device__ __forceinline__ void store_weights(acc_t* At, const acc_t (&x)[kRows][kCols]) {
-  const int ty = threadIdx.x / kThreadGrid, tx = threadIdx.x % kThreadGrid;
+  const int ty = grid_row(), tx = grid_col();
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
     acc_t column[kRows];
@@ -256,7 +281,7 @@ __device__ __forceinline__ void clear(acc_t (&acc)[kRows][Cfg::kOutCols]) {
 // row of accumulator row r (negative: not written), value(r, c) the value of accumulator (r, c).
 template <typename Cfg, int kRows, typename scalar_t, typename RowOf, typename Value>
 __device__ __forceinline__ void store_rows(scalar_t* out, int cols, RowOf row_of, Value value) {
-  const int tx = threadIdx.x % kThreadGrid;
+  const int tx = grid_col();
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int64_t row = row_of(r);
