@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+import reference as ref
 import rudnn
 from conftest import _CUDA_SKIP
 
@@ -94,6 +95,35 @@ def test_atomic_backward_matches_deterministic(dtype, variant):
     tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
     for a, b in zip(*grads):
         torch.testing.assert_close(b, a, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("q_shape, kv_shape", [
+    ((1, 4, 300, 40), (1, 4, 130, 40)),    # fewer key tiles than query tiles: turns skip steps
+    ((1, 6, 100, 24), (1, 2, 200, 24)),    # GQA: the query tiles of three heads per key/value head
+    ((2, 8, 2048, 64), (2, 8, 2048, 64)),  # heads over two launches (float32: 8 heads fit)
+    ((1, 16, 2560, 32), (1, 16, 2560, 32)),  # one batch entry's heads over three launches (float32)
+])
+def test_key_tiles_take_turns_adding_dq(dtype, q_shape, kv_shape):
+    # Without causality the key/value-owned kernel adds dQ itself, the key tiles of a head in turns:
+    # gradients as the float64 reference, the same bits every run.
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(q_shape, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(kv_shape, generator=gen, dtype=torch.float64) for _ in range(2))
+    grad = torch.randn(q_shape, generator=gen, dtype=torch.float64)
+    gqa = q_shape[1] != kv_shape[1]
+    inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+    expected = torch.autograd.grad(ref.math_sdpa(*inputs, enable_gqa=gqa), inputs, grad)
+    runs = []
+    for _ in range(3):
+        x = [t.to("cuda", dtype).requires_grad_() for t in (q, k, v)]
+        out = rudnn.scaled_dot_product_attention(*x, enable_gqa=gqa)
+        runs.append(torch.autograd.grad(out, x, grad.to("cuda", dtype)))
+    tol = {torch.float64: 1e-11, torch.float32: 2e-5}[dtype]
+    for got, want in zip(runs[0], expected):
+        torch.testing.assert_close(got.cpu().double(), want, atol=tol, rtol=tol)
+    for run in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], run))
 
 
 def test_head_dim_limit():

@@ -1,8 +1,9 @@
 // Backward on CUDA cores, deterministic by default: a query-owned kernel computes dQ (and D where
 // it must be formed from P and dP), a key/value-owned kernel dK and dV over every query head of
-// its GQA group. Every output element has one writer, which sums in a fixed order. With
-// deterministic=False the key/value-owned kernel also adds dQ with float atomics, and the
-// query-owned kernel runs only where it forms D.
+// its GQA group. Every output element has one writer, which sums in a fixed order. Where the key
+// tiles of a head fit on the GPU at once (no causality or documents), the key/value-owned kernel
+// adds dQ itself, each query tile's parts in a fixed order, and the query-owned kernel runs only
+// where it forms D; with deterministic=False it adds dQ with float atomics, in any order.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -156,21 +157,51 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
       [&](int r, int c) { return acc[r][c] * static_cast<acc_t>(p.scale); });
 }
 
+// Of the steps s' < s at which the key tiles of a head reach query tile t (key tile (t - s') mod
+// `tiles`, where it is one of the `key_tiles`), how many have one: the parts added before step s's.
+__device__ __forceinline__ int turns_before(uint32_t t, uint32_t s, uint32_t key_tiles, uint32_t tiles) {
+  // #{x in [0, y) : x mod tiles < key_tiles}, over the unwrapped key tiles t - s + 1 .. t (+ tiles)
+  const auto upto = [&](uint32_t y) { return y / tiles * key_tiles + min(y % tiles, key_tiles); };
+  return static_cast<int>(upto(t + tiles + 1) - upto(t + tiles + 1 - s));
+}
+
+__device__ __forceinline__ int load_acquire(const int* flag) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(flag) : "memory");
+  return v;
+}
+__device__ __forceinline__ void store_release(int* flag, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(flag), "r"(v) : "memory");
+}
+
+// The first (batch, key/value head) of a launch of the key/value-owned kernel: blockIdx.z and
+// blockIdx.y count from it.
+struct HeadOffset {
+  int64_t batch, head;
+};
+
 // Key/value-owned: kBM keys of head (b, hk) against every query tile of every query head of the
 // group; thread (ty, tx) holds keys ty kTM + r and queries tx kTN + c of each score tile.
 //   dV_j = sum_{h, i} (P∘M)_ij dO_i;  dK_j = scale * sum_{h, i} dS_ij Q_i
 // group_sums (flash numerics with GQA, (B, Hkv, S, E + Ev)): each query head's dK, dV rounded to
 // the input dtype and summed over the group, as FlashAttention's expanded-then-summed gradients
-// are; null otherwise. dq_sum (deterministic=False, (B, H, L, E)): unit * dQ added with atomics.
+// are; null otherwise. dq_sum ((B, H, L, E), zeros): unit * dQ, added in place by every key tile;
+// null where the query-owned kernel writes dQ.
+// dq_turns ((B, Hkv, query tiles), zeros): where not null, the key tiles of a head add their dQ
+// parts in a fixed order, so that dQ is deterministic. Key tile x takes the query tiles in turn from
+// tile x on (all of them: no causality or documents), so that at each step the key tiles of a head
+// add to distinct query tiles; a tile's counter says how many parts it holds, and a key tile waits
+// for its own turn (turns_before). All the key tiles of a head must be resident at once
+// (launch_backward's grid).
 template <typename scalar_t, typename Cfg, typename acc_t = typename Compute<scalar_t>::type>
 __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
-    attention_dkdv_kernel(const AttentionParams p, const BackwardArgs<acc_t> a, scalar_t* __restrict__ dk,
-                          scalar_t* __restrict__ dv, acc_t* __restrict__ group_sums, acc_t* __restrict__ dq_sum) {
+    attention_dkdv_kernel(const AttentionParams p, const BackwardArgs<acc_t> a, const HeadOffset first,
+                          scalar_t* __restrict__ dk, scalar_t* __restrict__ dv, acc_t* __restrict__ group_sums,
+                          acc_t* __restrict__ dq_sum, int* __restrict__ dq_turns) {
   constexpr int kTM = Cfg::kTM, kTN = Cfg::kTN, kBM = Cfg::kBM, kBN = Cfg::kBN, kLd = Cfg::kLd;
-  constexpr int kLdW = Cfg::kLdWeights, kLdKeys = kBN + Cfg::kVec;
-  static_assert(kBM == kBN, "the atomic dQ's dS^T takes the place of P∘M");
+  constexpr int kLdW = Cfg::kLdWeights;
   const int ty = grid_row(), tx = grid_col();
-  const int64_t b = blockIdx.z, hk = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * kBM;
+  const int64_t b = first.batch + blockIdx.z, hk = first.head + blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * kBM;
   const bool flash = p.numerics == Numerics::kFlash;
   const acc_t unit = static_cast<acc_t>(p.score_unit()), scale = static_cast<acc_t>(p.scale);
   const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
@@ -184,7 +215,6 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
   acc_t* sDS = sPM + kBN * kLdW;                 // kBN x kLdW: dS
   acc_t* sLse = sDS + kBN * kLdW;                // kBN, at the permuted rows
   acc_t* sDelta = sLse + kBN;                    // kBN
-  acc_t* sDSt = sPM;                             // kBM x kLdKeys: dS^T for the atomic dQ, once dV is done
 
   load_tile<scalar_t, Cfg, kBM, false>(sK, p.k, p.k_strides, b, hk, j0, p.keys, E, scale * unit, p.k_rotary);
   load_tile<scalar_t, Cfg, kBM, false>(sV, p.v, p.v_strides, b, hk, j0, p.keys, Ev, acc_t(1));
@@ -192,6 +222,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
   clear<Cfg>(acc_k);
   clear<Cfg>(acc_v);
   const DropoutRng rng = device_rng(p);
+  const bool aligned = dropout_blocks_aligned(p);  // key runs from multiples of kTM
   const int64_t diagonal = p.shard.query_start - p.shard.key_start;
   // Causal: query rows before first_row see none of these keys; skipped unless K or V is non-finite.
   const bool can_skip = p.is_causal && a.kv_finite[b * p.kv_heads + hk];
@@ -205,6 +236,12 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
   // has read this one's, its dO once dV has.
   const int64_t per_head = queries.end > first_row ? (queries.end - first_row + kBN - 1) / kBN : 0;
   const int64_t tiles = per_head * p.group();
+  // The query tile of step `step`: in turn from this key tile's own where the key tiles take turns.
+  const auto tile_at = [&](int64_t step) {
+    if (dq_turns == nullptr) return step;
+    const int64_t t = blockIdx.x + step;
+    return t < tiles ? t : t - tiles;
+  };
   const bool q_async = streams_async<scalar_t, acc_t>(p.q, p.q_strides, E, p.q_rotary);
   const bool dout_async = streams_async<scalar_t, acc_t>(a.dout, a.dout_strides, Ev);
   const auto head_of = [&](int64_t t) { return hk * p.group() + t / per_head; };
@@ -225,13 +262,13 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
     cp_async_commit();
   };
   if (tiles > 0) {
-    stream_q(0);
-    stream_dout(0);
+    stream_q(tile_at(0));
+    stream_dout(tile_at(0));
   }
 
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t h = head_of(t), i0 = row0_of(t), rows = (b * p.heads + h) * p.queries;
-    const bool more = t + 1 < tiles;
+  for (int64_t step = 0; step < tiles; ++step) {
+    const int64_t t = tile_at(step), h = head_of(t), i0 = row0_of(t), rows = (b * p.heads + h) * p.queries;
+    const bool more = step + 1 < tiles;
     cp_async_wait<1>();
     __syncthreads();  // this tile's Q, LSE and D have landed (its dO may still be copying)
     // s = unit * scale * k_j.q_i and dp = v_j.dO_i, for keys j0 + ty kTM + r and queries i0 + tx kTN + c
@@ -250,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
       for (int r = 0; r < kTM; ++r) score[r] = s[r][c];
       apply_rules<kTM, scalar_t>(p, score, b, h, i, j, unit, edge);
       acc_t keep[kTM];
-      if (p.has_dropout) dropout_run<kTM>(rng, p.shard.row_position(b, h, i) + static_cast<uint64_t>(j), keep);
+      if (p.has_dropout) dropout_run<kTM>(rng, p.shard.row_position(b, h, i) + static_cast<uint64_t>(j), keep, aligned);
       // dS_ij = P_ij (M_ij dP_ij - D_i); flash numerics round dS and P to the input dtype
 #pragma unroll
       for (int r = 0; r < kTM; ++r) {
@@ -268,27 +305,26 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
     gemm_nn<Cfg, kTM, kBN, kLdW>(acc_k, sDS, sQ);
     if (more) {
       __syncthreads();  // every thread is done with this Q
-      stream_q(t + 1);
+      stream_q(tile_at(step + 1));
     }
     gemm_nn<Cfg, kTM, kBN, kLdW>(acc_v, sPM, sDO);
     if (more) {
       __syncthreads();  // every thread is done with this dO
-      stream_dout(t + 1);
+      stream_dout(tile_at(step + 1));
     }
     if (dq_sum != nullptr) {
-      // unit * dQ_i += sum_j dS_ij (unit * scale * K_j), for the permuted query rows ty kTN + r;
-      // dS^T is this thread's part of sDS, turned over into the place of P∘M
-      __syncthreads();  // P∘M is consumed
-#pragma unroll
-      for (int r = 0; r < kTM; ++r)
-#pragma unroll
-        for (int c = 0; c < kTN; ++c) {
-          sDSt[(ty * kTM + r) * kLdKeys + tx + kThreadGrid * c] = sDS[(tx + kThreadGrid * c) * kLdW + ty * kTM + r];
-        }
-      __syncthreads();
+      // unit * dQ_i += sum_j dS_ij (unit * scale * K_j), for the permuted query rows ty kTN + r
       acc_t part[kTN][Cfg::kOutCols];
       clear<Cfg>(part);
-      gemm_nn<Cfg, kTN, kBM, kLdKeys>(part, sDSt, sK);
+      gemm_rows<Cfg, kTN, kBM, kLdW>(part, sDS, sK);
+      int* turn = dq_turns != nullptr ? dq_turns + (b * p.kv_heads + hk) * tiles + t : nullptr;
+      const int my_turn = turn != nullptr && threadIdx.x == 0 ? turns_before(t, step, gridDim.x, tiles) : 0;
+      if (turn != nullptr) {
+        if (threadIdx.x == 0) {
+          while (load_acquire(turn) != my_turn) __nanosleep(100);
+        }
+        __syncthreads();  // the parts before this one are in dq_sum
+      }
 #pragma unroll
       for (int r = 0; r < kTN; ++r) {
         const int64_t i = i0 + Cfg::logical(ty * kTN + r);
@@ -296,8 +332,18 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
 #pragma unroll
         for (int c = 0; c < Cfg::kOutCols; ++c) {
           const int d = Cfg::out_col(tx, c);
-          if (d < E) atomicAdd(dq_sum + (rows + i) * E + d, part[r][c]);
+          if (d >= E) continue;
+          acc_t* x = dq_sum + (rows + i) * E + d;
+          if (turn != nullptr) {
+            __stcg(x, __ldcg(x) + part[r][c]);  // through L2, where the other key tiles' parts are
+          } else {
+            atomicAdd(x, part[r][c]);
+          }
         }
+      }
+      if (turn != nullptr) {
+        __syncthreads();  // every thread has added its part; thread 0's release publishes them all
+        if (threadIdx.x == 0) store_release(turn, my_turn + 1);
       }
     }
     if (group_sums != nullptr && (t + 1) % per_head == 0) {
@@ -357,6 +403,28 @@ void launch_backward(const AttentionProblem& pb, BackwardTensors& t, const at::T
   const bool exact = p.numerics == Numerics::kExact;
   const bool cache = exact && deterministic && dq_smem + key_tiles * cache_per_tile <= max_shared_memory();
   const bool form_delta = exact && (cache || !std::is_same_v<scalar_t, acc_t>);
+  const size_t kv_smem = sizeof(acc_t) * (2 * (Cfg::kBM + Cfg::kBN) * Cfg::kLd + 2 * Cfg::kBN * Cfg::kLdWeights +
+                                          2 * Cfg::kBN);
+  const auto kv_kernel = attention_dkdv_kernel<scalar_t, Cfg>;
+
+  // Rounding to the input dtype changes nothing for float32/float64.
+  const bool round_per_head = p.numerics == Numerics::kFlash && p.group() > 1 && !std::is_same_v<scalar_t, acc_t>;
+  // The key tiles add dQ in turns (dQ's products once, not twice: the query-owned kernel recomputes
+  // P and dP) where every key tile of a head sees every query tile, there are no more key tiles
+  // than query tiles (each step's are distinct), and a head's key tiles fit on the GPU at once.
+  const int64_t query_tiles = (p.queries + Cfg::kBN - 1) / Cfg::kBN * p.group();
+  int64_t resident = 0;
+  if (deterministic && !cache && !round_per_head && !p.is_causal && p.key_windows == nullptr &&
+      p.query_windows == nullptr && key_tiles <= query_tiles) {
+    int per_sm = 0;
+    if (kv_smem > 48 * 1024) {
+      C10_CUDA_CHECK(cudaFuncSetAttribute(kv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(kv_smem)));
+    }
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kv_kernel, kThreads, kv_smem));
+    resident = static_cast<int64_t>(per_sm) * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  }
+  const bool turns = resident >= key_tiles && key_tiles > 0;
   if (form_delta) {
     t.delta = at::empty({p.batch, p.heads, p.queries}, acc_options);
     if (grad_lse.has_value()) t.grad_lse = grad_lse->to(acc_options.dtype()).contiguous();
@@ -366,24 +434,32 @@ void launch_backward(const AttentionProblem& pb, BackwardTensors& t, const at::T
     t.delta = t.delta.contiguous();
   }
   const BackwardArgs<acc_t> a = backward_args<acc_t>(t);
-  const DqMode mode{form_delta, cache ? static_cast<int>(key_tiles) : 0, deterministic};
-  if (form_delta || deterministic) {
+  const bool dq_kernel_writes = deterministic && !turns;
+  const DqMode mode{form_delta, cache ? static_cast<int>(key_tiles) : 0, dq_kernel_writes};
+  if (form_delta || dq_kernel_writes) {
     launch(attention_dq_kernel<scalar_t, Cfg>, tile_grid(p.queries, Cfg::kBM, p.heads, p.batch),
            dq_smem + mode.cache_tiles * cache_per_tile, p, a, mode, dq.data_ptr<scalar_t>());
   }
 
-  // Rounding to the input dtype changes nothing for float32/float64.
-  const bool round_per_head = p.numerics == Numerics::kFlash && p.group() > 1 && !std::is_same_v<scalar_t, acc_t>;
   const at::Tensor group_sums =
       round_per_head ? at::empty({p.batch, p.kv_heads, p.keys, p.head_dim + p.value_dim}, acc_options) : at::Tensor();
-  const at::Tensor dq_sum = deterministic ? at::Tensor() : at::zeros(dq.sizes(), acc_options);
-  const size_t kv_smem = sizeof(acc_t) * (2 * (Cfg::kBM + Cfg::kBN) * Cfg::kLd + 2 * Cfg::kBN * Cfg::kLdWeights +
-                                          2 * Cfg::kBN);
-  launch(attention_dkdv_kernel<scalar_t, Cfg>, tile_grid(p.keys, Cfg::kBM, p.kv_heads, p.batch), kv_smem, p, a,
-         dk.data_ptr<scalar_t>(), dv.data_ptr<scalar_t>(),
-         round_per_head ? group_sums.data_ptr<acc_t>() : nullptr,
-         deterministic ? nullptr : dq_sum.data_ptr<acc_t>());
-  if (!deterministic) dq.copy_(dq_sum.div_(p.score_unit()));
+  const at::Tensor dq_sum = dq_kernel_writes ? at::Tensor() : at::zeros(dq.sizes(), acc_options);
+  const at::Tensor dq_turns =
+      turns ? at::zeros({p.batch, p.kv_heads, query_tiles}, dq.options().dtype(at::kInt)) : at::Tensor();
+  // Taking turns, a launch holds as many heads as fit on the GPU beside each other: heads of whole
+  // batch entries, or of one entry where its heads do not fit. A single key tile waits for no one.
+  const int64_t fit = turns && key_tiles > 1 ? resident / key_tiles : p.batch * p.kv_heads;
+  const int64_t head_step = std::min(fit, p.kv_heads), batch_step = std::max<int64_t>(fit / p.kv_heads, 1);
+  for (int64_t b = 0; b < p.batch; b += batch_step) {
+    for (int64_t h = 0; h < p.kv_heads; h += head_step) {
+      launch(kv_kernel,
+             tile_grid(p.keys, Cfg::kBM, std::min(head_step, p.kv_heads - h), std::min(batch_step, p.batch - b)),
+             kv_smem, p, a, HeadOffset{b, h}, dk.data_ptr<scalar_t>(), dv.data_ptr<scalar_t>(),
+             round_per_head ? group_sums.data_ptr<acc_t>() : nullptr,
+             dq_kernel_writes ? nullptr : dq_sum.data_ptr<acc_t>(), turns ? dq_turns.data_ptr<int>() : nullptr);
+    }
+  }
+  if (!dq_kernel_writes) dq.copy_(dq_sum.div_(p.score_unit()));
   if (dmask.defined()) mask_gradient_cuda(pb, t, dmask);
 }
 

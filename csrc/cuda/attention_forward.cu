@@ -39,6 +39,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
   for (int r = 0; r < kTM; ++r) m[r] = -INFINITY, l[r] = 0;
   clear<Cfg>(o);
   const DropoutRng rng = device_rng(p);
+  const bool aligned = dropout_blocks_aligned(p);  // key runs from multiples of kTN
   // Tiles past the causal frontier are skipped unless K or V holds a non-finite value, which
   // PyTorch's math path carries into every row (NaN - inf, and zero weights times inf).
   const int64_t last_row = min(i0 + kBM, p.queries) - 1;
@@ -79,7 +80,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
       const acc_t m_safe = m_next == -INFINITY ? acc_t(0) : m_next;  // no key yet: keep P finite
       const acc_t rescale = exp_base(m[r] - m_safe, flash);
       acc_t keep[kTN];
-      if (p.has_dropout) dropout_run<kTN>(rng, p.shard.row_position(b, h, i) + static_cast<uint64_t>(j), keep);
+      if (p.has_dropout) dropout_run<kTN>(rng, p.shard.row_position(b, h, i) + static_cast<uint64_t>(j), keep, aligned);
       acc_t sum = 0;
 #pragma unroll
       for (int c = 0; c < kTN; ++c) {

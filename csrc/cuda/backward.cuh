@@ -57,12 +57,13 @@ __device__ __forceinline__ void query_tile_probabilities(const AttentionParams& 
   gemm_nt<Cfg>(dp, sDO, sV, round_up(static_cast<int>(p.value_dim), Cfg::kVec));
   const int64_t j = j0 + tx * kTN;
   const bool edge = tile_on_edge(p, b, i0, Cfg::kBM, j0, Cfg::kBN);
+  const bool aligned = dropout_blocks_aligned(p);  // j0 is a multiple of kBN
 #pragma unroll
   for (int r = 0; r < kTM; ++r) {
     const int64_t i = i0 + ty * kTM + r;
     apply_rules<kTN, scalar_t>(p, s[r], b, h, i, j, unit, edge);
     acc_t keep[kTN];
-    if (p.has_dropout) dropout_run<kTN>(rng, p.shard.row_position(b, h, i) + static_cast<uint64_t>(j), keep);
+    if (p.has_dropout) dropout_run<kTN>(rng, p.shard.row_position(b, h, i) + static_cast<uint64_t>(j), keep, aligned);
 #pragma unroll
     for (int c = 0; c < kTN; ++c) {
       prob[r][c] = exp_base(s[r][c] - lse[r], flash);

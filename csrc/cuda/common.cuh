@@ -216,21 +216,37 @@ __device__ __forceinline__ uint32_t philox_word(const Philox4& bits, uint32_t in
   return index == 0 ? bits.x[0] : index == 1 ? bits.x[1] : index == 2 ? bits.x[2] : bits.x[3];
 }
 
+// Whether every Philox block starts a run of four keys of one row (SPEC 3's positions are
+// row_position + j): key runs from a multiple of four then share blocks without straddling.
+__device__ __forceinline__ bool dropout_blocks_aligned(const AttentionParams& p) {
+  return p.shard.global_keys % 4 == 0 && p.shard.key_start % 4 == 0;
+}
+
 // Dropout multipliers (0 or 1/(1-p), SPEC 3) of kN <= 4 consecutive positions pos0, pos0 + 1, ...:
-// they span at most two Philox blocks, so a thread draws once or twice for all of them.
+// they span at most two Philox blocks, so a thread draws once or twice for all of them; once, with
+// no branch, where `aligned` says pos0 is a multiple of kN in a run of whole blocks (kN divides 4
+// and dropout_blocks_aligned holds).
 template <int kN, typename acc_t>
-__device__ __forceinline__ void dropout_run(const DropoutRng& rng, uint64_t pos0, acc_t (&m)[kN]) {
+__device__ __forceinline__ void dropout_run(const DropoutRng& rng, uint64_t pos0, acc_t (&m)[kN],
+                                            bool aligned = false) {
   static_assert(kN >= 1 && kN <= 4, "a run spans at most two Philox blocks");
+  const uint32_t threshold = rng.keep_threshold();  // keep(word) as one integer comparison
+  const acc_t kept = static_cast<acc_t>(rng.keep_scale);
   const Philox4 first = rng.block(pos0);
+  if (aligned) {
+    const uint32_t index0 = kN == 4 ? 0 : static_cast<uint32_t>(pos0 & 3);
+#pragma unroll
+    for (int e = 0; e < kN; ++e) m[e] = (philox_word(first, index0 + e) >> 8) >= threshold ? kept : acc_t(0);
+    return;
+  }
   Philox4 second = first;
   if (((pos0 + kN - 1) >> 2) != (pos0 >> 2)) second = rng.block(pos0 + kN - 1);
-  const acc_t kept = static_cast<acc_t>(rng.keep_scale);
 #pragma unroll
   for (int e = 0; e < kN; ++e) {
     const uint64_t pos = pos0 + e;
     const uint32_t index = static_cast<uint32_t>(pos & 3);
     const uint32_t word = (pos >> 2) == (pos0 >> 2) ? philox_word(first, index) : philox_word(second, index);
-    m[e] = rng.keep(word) ? kept : acc_t(0);
+    m[e] = (word >> 8) >= threshold ? kept : acc_t(0);
   }
 }
 

@@ -187,12 +187,6 @@ __device__ __forceinline__ void fragment_add_mask(const AttentionParams& p, floa
   }
 }
 
-// Whether every query row's dropout positions start on a Philox block at every key tile, so that
-// fragment_keep_bits can share each block between two lanes.
-__device__ __forceinline__ bool dropout_blocks_aligned(const AttentionParams& p) {
-  return p.shard.global_keys % 4 == 0 && p.shard.key_start % 4 == 0;
-}
-
 // How a tensor-core kernel reads its inputs: which operands go by cp.async (the others element by
 // element), whether and how a mask tile is read, whether lanes share dropout blocks.
 struct InputReads {

@@ -255,6 +255,34 @@ __device__ __forceinline__ void gemm_nn(acc_t (&acc)[kRows][Cfg::kOutCols], cons
   }
 }
 
+// acc[r][c] += sum_{k < kK} A[ty kRows + r][k] * B[k][out_col(tx, c)]: A a tile of stride kLdA
+// whose rows are the product's rows (a weight tile, read across), B a row-major tile of stride kLd.
+template <typename Cfg, int kRows, int kK, int kLdA, typename acc_t>
+__device__ __forceinline__ void gemm_rows(acc_t (&acc)[kRows][Cfg::kOutCols], const acc_t* A, const acc_t* B) {
+  constexpr int kV = Cfg::kVec, kChunks = Cfg::kOutCols / kV;
+  const int ty = grid_row(), tx = grid_col();
+  const acc_t* a_rows = A + ty * kRows * kLdA;
+  const acc_t* b_col = B + tx * kV;
+#pragma unroll 2
+  for (int k = 0; k < kK; k += kV) {
+    acc_t a[kRows][kV];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) load_vec<kV>(a_rows + r * kLdA + k, a[r]);
+#pragma unroll
+    for (int e = 0; e < kV; ++e) {
+      acc_t bv[kChunks][kV];
+#pragma unroll
+      for (int ch = 0; ch < kChunks; ++ch) load_vec<kV>(b_col + (k + e) * Cfg::kLd + ch * kThreadGrid * kV, bv[ch]);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int ch = 0; ch < kChunks; ++ch)
+#pragma unroll
+          for (int x = 0; x < kV; ++x) acc[r][ch * kV + x] = fma(a[r][e], bv[ch][x], acc[r][ch * kV + x]);
+    }
+  }
+}
+
 // Column c of a thread's micro-tile (kRows consecutive rows) into a weight tile of stride kLdA:
 // At[physical row tx + 16 c][ty kRows + r] = x[r][c].
 template <int kRows, int kCols, int kLdA, typename acc_t>
