@@ -45,8 +45,11 @@ ISSUE_CASES = [
 # E in {64, 128, 256}, L = S from 512 to 16384 with B L = 32768 tokens, causal or not.
 SWEEP_CASES = [_bf16(32768 // length, 16, length, e, causal=causal)
                for e in (64, 128, 256) for length in (512, 2048, 8192, 16384) for causal in (False, True)]
-# Issue 3's CUDA-core cases: float32 with a bool mask and dropout.
-FALLBACK_CASES = [benchmark.Case(4, 16, 2048, 64, dtype=torch.float32, mask="bool", dropout=0.1)]
+# Issue 3's CUDA-core cases: float32 with a bool mask and dropout; then two that keep the
+# backward's query-owned dQ kernel (causal; more key tiles than query tiles).
+FALLBACK_CASES = [benchmark.Case(4, 16, 2048, 64, dtype=torch.float32, mask="bool", dropout=0.1),
+                  benchmark.Case(4, 16, 2048, 64, dtype=torch.float32, causal=True, dropout=0.1),
+                  benchmark.Case(4, 16, 512, 64, keys=4096, dtype=torch.float32, mask="bool", dropout=0.1)]
 CUDA_SETS = {"issue": ISSUE_CASES, "sweep": SWEEP_CASES, "fallback": FALLBACK_CASES}
 
 
