@@ -55,14 +55,12 @@ __device__ __forceinline__ void fragment_gradients(const AttentionParams& p, flo
 }
 
 // acc[kMI][kNB][4] += A B for a warp's 16 kMI rows: A from shared tile sA (rows by k, rows from
-// a_row0), B^T from sB (columns by k, columns from b_col0); k up to `depth` (< kDepth: the
-// bucket's zero columns are skipped).
+// a_row0), B^T from sB (columns by k, columns from b_col0); k over the whole bucket kDepth.
 template <typename scalar_t, int kMI, int kNB, int kDepth, int kLdA, int kLdB>
 __device__ __forceinline__ void gemm_smem_nt(float (&acc)[kMI][kNB][4], const scalar_t* sA, int a_row0,
-                                             const scalar_t* sB, int b_col0, int depth) {
+                                             const scalar_t* sB, int b_col0) {
 #pragma unroll
   for (int ks = 0; ks < kDepth / 16; ++ks) {
-    if (ks * 16 >= depth) break;
     uint32_t a[kMI][4];
 #pragma unroll
     for (int mi = 0; mi < kMI; ++mi) load_a<kLdA>(a[mi], sA, a_row0 + 16 * mi, 16 * ks);
@@ -80,13 +78,12 @@ __device__ __forceinline__ void gemm_smem_nt(float (&acc)[kMI][kNB][4], const sc
 }
 
 // acc[kCols / 8][4] += A B with A given as fragments of 16 rows by k in [16 kk, 16 kk + 16) and B
-// from a shared tile stored k by columns; columns up to `width`.
+// from a shared tile stored k by columns; every column of the bucket.
 template <typename scalar_t, int kCols, int kLd>
 __device__ __forceinline__ void mma_a_smem_kn(float (&acc)[kCols / 8][4], const uint32_t (&a)[4], const scalar_t* sB,
-                                              int kk, int width) {
+                                              int kk) {
 #pragma unroll
   for (int nv = 0; nv < kCols / 16; ++nv) {
-    if (nv * 16 >= width) break;
     uint32_t bb[4];
     load_b_trans<kLd>(bb, sB, 16 * nv, 16 * kk);
     mma16816<scalar_t>(acc[2 * nv], a, bb[0], bb[1]);
@@ -175,8 +172,8 @@ __global__ void __launch_bounds__(kTcThreads)
       __syncthreads();
     }
     float s[1][kNB][4] = {}, dp[1][kNB][4] = {};
-    gemm_smem_nt<scalar_t, 1, kNB, kE, kLdK, kLdK>(s, sQ, 16 * warp, sK[buf], 0, E);
-    gemm_smem_nt<scalar_t, 1, kNB, kEv, kLdV, kLdV>(dp, sDO, 16 * warp, sV[buf], 0, Ev);
+    gemm_smem_nt<scalar_t, 1, kNB, kE, kLdK, kLdK>(s, sQ, 16 * warp, sK[buf], 0);
+    gemm_smem_nt<scalar_t, 1, kNB, kEv, kLdV, kLdV>(dp, sDO, 16 * warp, sV[buf], 0);
     fragment_scores(p, s, b, row0, j0, tile_on_edge(p, b, row0, 16, j0, kBN));
     if (in.masked) {
       cp_async_wait<1>();
@@ -191,7 +188,7 @@ __global__ void __launch_bounds__(kTcThreads)
     for (int kk = 0; kk < kNB / 2; ++kk) {
       uint32_t ds[4];
       fragment_to_a<scalar_t>(ds, dp[0], kk, false);
-      mma_a_smem_kn<scalar_t, kE, kLdK>(acc, ds, sK[buf], kk, E);
+      mma_a_smem_kn<scalar_t, kE, kLdK>(acc, ds, sK[buf], kk);
     }
   }
   cp_async_wait<0>();
@@ -317,8 +314,8 @@ __global__ void __launch_bounds__(kTcThreads)
     }
 
     float s[kMI][2][4] = {}, dp[kMI][2][4] = {};
-    gemm_smem_nt<scalar_t, kMI, 2, kE, kLdK, kLdK>(s, sQ[buf], 0, sK, 16 * warp, E);
-    if constexpr (kWantK) gemm_smem_nt<scalar_t, kMI, 2, kEv, kLdV, kLdV>(dp, sDO[buf], 0, sV, 16 * warp, Ev);
+    gemm_smem_nt<scalar_t, kMI, 2, kE, kLdK, kLdK>(s, sQ[buf], 0, sK, 16 * warp);
+    if constexpr (kWantK) gemm_smem_nt<scalar_t, kMI, 2, kEv, kLdV, kLdV>(dp, sDO[buf], 0, sV, 16 * warp);
     float lse[kMI][2], delta[kMI][2];
     const float* stats = sStats + buf * 2 * kBM;
 #pragma unroll
@@ -343,11 +340,11 @@ __global__ void __launch_bounds__(kTcThreads)
       uint32_t at[4];
       if constexpr (kWantV) {
         transposed_a<scalar_t>(at, s[mi]);
-        mma_a_smem_kn<scalar_t, kEv, kLdV>(acc_v, at, sDO[buf], mi, Ev);
+        mma_a_smem_kn<scalar_t, kEv, kLdV>(acc_v, at, sDO[buf], mi);
       }
       if constexpr (kWantK) {
         transposed_a<scalar_t>(at, dp[mi]);
-        mma_a_smem_kn<scalar_t, kE, kLdK>(acc_k, at, sQ[buf], mi, E);
+        mma_a_smem_kn<scalar_t, kE, kLdK>(acc_k, at, sQ[buf], mi);
       }
     }
     if (group_sums != nullptr && (u + 1) % tiles == 0) {

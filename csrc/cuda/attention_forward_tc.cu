@@ -31,7 +31,7 @@ struct ForwardShape {
 // o += P V for a warp's 16 kMI rows, P rounded to 16 bits; with kSplit also (P - round(P)) V.
 template <typename scalar_t, int kMI, int kNB, int kEv, int kLdV, bool kSplit>
 __device__ __forceinline__ void probabilities_times_v(float (&o)[kMI][kEv / 8][4], const float (&s)[kMI][kNB][4],
-                                                      const scalar_t* sV, int Ev) {
+                                                      const scalar_t* sV) {
 #pragma unroll
   for (int kk = 0; kk < kNB / 2; ++kk) {
     uint32_t a[kMI][4], a_low[kMI][4];
@@ -42,7 +42,6 @@ __device__ __forceinline__ void probabilities_times_v(float (&o)[kMI][kEv / 8][4
     }
 #pragma unroll
     for (int nv = 0; nv < kEv / 16; ++nv) {
-      if (nv * 16 >= Ev) break;
       uint32_t bv[4];
       load_b_trans<kLdV>(bv, sV, 16 * nv, 16 * kk);
 #pragma unroll
@@ -128,7 +127,6 @@ __global__ void __launch_bounds__(kTcThreads)
     float s[kMI][kNB][4] = {};
 #pragma unroll
     for (int ks = 0; ks < kE / 16; ++ks) {
-      if (ks * 16 >= E) break;
       uint32_t a[kMI][4];
 #pragma unroll
       for (int mi = 0; mi < kMI; ++mi) load_a<kLdK>(a[mi], sQ, warp * 16 * kMI + 16 * mi, 16 * ks);
@@ -187,9 +185,9 @@ __global__ void __launch_bounds__(kTcThreads)
     // Zero weights still multiply V: NaN/inf in V reach the row, as in PyTorch's math path.
     // "exact" adds the product of P's rounding error, so that P reaches V at float32 accuracy.
     if (flash) {
-      probabilities_times_v<scalar_t, kMI, kNB, kEv, kLdV, false>(o, s, sV, Ev);
+      probabilities_times_v<scalar_t, kMI, kNB, kEv, kLdV, false>(o, s, sV);
     } else {
-      probabilities_times_v<scalar_t, kMI, kNB, kEv, kLdV, true>(o, s, sV, Ev);
+      probabilities_times_v<scalar_t, kMI, kNB, kEv, kLdV, true>(o, s, sV);
     }
   }
   cp_async_wait<0>();

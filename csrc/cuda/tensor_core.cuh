@@ -13,7 +13,9 @@ constexpr int kTcThreads = 32 * kTcWarps;
 
 // f(kE, kEv) for the smallest head-dim bucket holding E and Ev (multiples of 8, at most 256):
 // E = Ev in {32, 64, 96, 128, 192, 256} and E = 192, Ev = 128; other pairs take the bucket of
-// the wider one, the columns past E and Ev zero-filled in shared memory and skipped in products.
+// the wider one, the columns past E and Ev zero-filled in shared memory. Products run over the
+// whole bucket: a runtime bound in their unrolled loops would keep the compiler from issuing the
+// next fragment loads ahead of the branch.
 template <typename F>
 void dispatch_tc_dims(int64_t E, int64_t Ev, F&& f) {
   const int64_t w = std::max(E, Ev);
