@@ -101,11 +101,14 @@ def test_atomic_backward_matches_deterministic(dtype, variant):
 @pytest.mark.parametrize("q_shape, kv_shape", [
     ((1, 4, 300, 40), (1, 4, 130, 40)),    # fewer key tiles than query tiles: turns skip steps
     ((1, 6, 100, 24), (1, 2, 200, 24)),    # GQA: the query tiles of three heads per key/value head
+    ((1, 4, 100, 40), (1, 4, 700, 40)),    # more key tiles than query tiles: bands, the last one short
+    ((2, 6, 70, 24), (2, 2, 1000, 24)),    # GQA and bands (6 query tiles per key/value head, 16 key tiles)
+    ((1, 16, 512, 64), (1, 16, 4096, 64)),  # 8 bands of 8 key tiles
     ((2, 8, 2048, 64), (2, 8, 2048, 64)),  # heads over two launches (float32: 8 heads fit)
     ((1, 16, 2560, 32), (1, 16, 2560, 32)),  # one batch entry's heads over three launches (float32)
 ])
 def test_key_tiles_take_turns_adding_dq(dtype, q_shape, kv_shape):
-    # Without causality the key/value-owned kernel adds dQ itself, the key tiles of a head in turns:
+    # Without causality the key/value-owned kernel adds dQ itself, the key tiles of a band in turns:
     # gradients as the float64 reference, the same bits every run.
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(q_shape, generator=gen, dtype=torch.float64)

@@ -2,8 +2,9 @@
 // it must be formed from P and dP), a key/value-owned kernel dK and dV over every query head of
 // its GQA group. Every output element has one writer, which sums in a fixed order. Where the key
 // tiles of a head fit on the GPU at once (no causality or documents), the key/value-owned kernel
-// adds dQ itself, each query tile's parts in a fixed order, and the query-owned kernel runs only
-// where it forms D; with deterministic=False it adds dQ with float atomics, in any order.
+// adds dQ itself, each query tile's parts in a fixed order (per band of key tiles, the bands'
+// sums added by ATen), and the query-owned kernel runs only where it forms D; with
+// deterministic=False it adds dQ with float atomics, in any order.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -185,13 +186,14 @@ struct HeadOffset {
 //   dV_j = sum_{h, i} (P∘M)_ij dO_i;  dK_j = scale * sum_{h, i} dS_ij Q_i
 // group_sums (flash numerics with GQA, (B, Hkv, S, E + Ev)): each query head's dK, dV rounded to
 // the input dtype and summed over the group, as FlashAttention's expanded-then-summed gradients
-// are; null otherwise. dq_sum ((B, H, L, E), zeros): unit * dQ, added in place by every key tile;
-// null where the query-owned kernel writes dQ.
-// dq_turns ((B, Hkv, query tiles), zeros): where not null, the key tiles of a head add their dQ
-// parts in a fixed order, so that dQ is deterministic. Key tile x takes the query tiles in turn from
-// tile x on (all of them: no causality or documents), so that at each step the key tiles of a head
-// add to distinct query tiles; a tile's counter says how many parts it holds, and a key tile waits
-// for its own turn (turns_before). All the key tiles of a head must be resident at once
+// are; null otherwise. dq_sum ((bands, B, H, L, E), zeros): unit * dQ, added in place by every key
+// tile; null where the query-owned kernel writes dQ.
+// dq_turns ((bands, B, Hkv, query tiles), zeros): where not null, the key tiles of a head add their
+// dQ parts in a fixed order, so that dQ is deterministic. The key tiles fall in bands of as many as
+// there are query tiles, each band with its own sum; key tile x of a band takes the query tiles in
+// turn from tile x on (all of them: no causality or documents), so that at each step the key tiles
+// of a band add to distinct query tiles; a tile's counter says how many parts it holds, and a key
+// tile waits for its own turn (turns_before). All the key tiles of a head must be resident at once
 // (launch_backward's grid).
 template <typename scalar_t, typename Cfg, typename acc_t = typename Compute<scalar_t>::type>
 __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
@@ -237,9 +239,11 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
   const int64_t per_head = queries.end > first_row ? (queries.end - first_row + kBN - 1) / kBN : 0;
   const int64_t tiles = per_head * p.group();
   // The query tile of step `step`: in turn from this key tile's own where the key tiles take turns.
+  const int64_t band = dq_turns != nullptr && tiles > 0 ? blockIdx.x / tiles : 0;
+  const int64_t band_tiles = min(tiles, static_cast<int64_t>(gridDim.x) - band * tiles);
   const auto tile_at = [&](int64_t step) {
     if (dq_turns == nullptr) return step;
-    const int64_t t = blockIdx.x + step;
+    const int64_t t = blockIdx.x - band * tiles + step;
     return t < tiles ? t : t - tiles;
   };
   const bool q_async = streams_async<scalar_t, acc_t>(p.q, p.q_strides, E, p.q_rotary);
@@ -317,8 +321,8 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
       acc_t part[kTN][Cfg::kOutCols];
       clear<Cfg>(part);
       gemm_rows<Cfg, kTN, kBM, kLdW>(part, sDS, sK);
-      int* turn = dq_turns != nullptr ? dq_turns + (b * p.kv_heads + hk) * tiles + t : nullptr;
-      const int my_turn = turn != nullptr && threadIdx.x == 0 ? turns_before(t, step, gridDim.x, tiles) : 0;
+      int* turn = dq_turns != nullptr ? dq_turns + ((band * p.batch + b) * p.kv_heads + hk) * tiles + t : nullptr;
+      const int my_turn = turn != nullptr && threadIdx.x == 0 ? turns_before(t, step, band_tiles, tiles) : 0;
       if (turn != nullptr) {
         if (threadIdx.x == 0) {
           while (load_acquire(turn) != my_turn) __nanosleep(100);
@@ -333,7 +337,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinBlocks)
         for (int c = 0; c < Cfg::kOutCols; ++c) {
           const int d = Cfg::out_col(tx, c);
           if (d >= E) continue;
-          acc_t* x = dq_sum + (rows + i) * E + d;
+          acc_t* x = dq_sum + (band * p.batch * p.heads * p.queries + rows + i) * E + d;
           if (turn != nullptr) {
             __stcg(x, __ldcg(x) + part[r][c]);  // through L2, where the other key tiles' parts are
           } else {
@@ -410,12 +414,13 @@ void launch_backward(const AttentionProblem& pb, BackwardTensors& t, const at::T
   // Rounding to the input dtype changes nothing for float32/float64.
   const bool round_per_head = p.numerics == Numerics::kFlash && p.group() > 1 && !std::is_same_v<scalar_t, acc_t>;
   // The key tiles add dQ in turns (dQ's products once, not twice: the query-owned kernel recomputes
-  // P and dP) where every key tile of a head sees every query tile, there are no more key tiles
-  // than query tiles (each step's are distinct), and a head's key tiles fit on the GPU at once.
+  // P and dP) where every key tile of a head sees every query tile and a head's key tiles fit on the
+  // GPU at once. Each band of as many key tiles as query tiles (each step's are distinct) adds to
+  // its own dQ sum, L x E per band: memory linear in S.
   const int64_t query_tiles = (p.queries + Cfg::kBN - 1) / Cfg::kBN * p.group();
   int64_t resident = 0;
   if (deterministic && !cache && !round_per_head && !p.is_causal && p.key_windows == nullptr &&
-      p.query_windows == nullptr && key_tiles <= query_tiles) {
+      p.query_windows == nullptr) {
     int per_sm = 0;
     if (kv_smem > 48 * 1024) {
       C10_CUDA_CHECK(cudaFuncSetAttribute(kv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -443,9 +448,11 @@ void launch_backward(const AttentionProblem& pb, BackwardTensors& t, const at::T
 
   const at::Tensor group_sums =
       round_per_head ? at::empty({p.batch, p.kv_heads, p.keys, p.head_dim + p.value_dim}, acc_options) : at::Tensor();
-  const at::Tensor dq_sum = dq_kernel_writes ? at::Tensor() : at::zeros(dq.sizes(), acc_options);
+  const int64_t bands = turns ? (key_tiles + query_tiles - 1) / query_tiles : 1;
+  const at::Tensor dq_sum =
+      dq_kernel_writes ? at::Tensor() : at::zeros({bands, p.batch, p.heads, p.queries, p.head_dim}, acc_options);
   const at::Tensor dq_turns =
-      turns ? at::zeros({p.batch, p.kv_heads, query_tiles}, dq.options().dtype(at::kInt)) : at::Tensor();
+      turns ? at::zeros({bands, p.batch, p.kv_heads, query_tiles}, dq.options().dtype(at::kInt)) : at::Tensor();
   // Taking turns, a launch holds as many heads as fit on the GPU beside each other: heads of whole
   // batch entries, or of one entry where its heads do not fit. A single key tile waits for no one.
   const int64_t fit = turns && key_tiles > 1 ? resident / key_tiles : p.batch * p.kv_heads;
@@ -459,7 +466,7 @@ void launch_backward(const AttentionProblem& pb, BackwardTensors& t, const at::T
              dq_kernel_writes ? nullptr : dq_sum.data_ptr<acc_t>(), turns ? dq_turns.data_ptr<int>() : nullptr);
     }
   }
-  if (!dq_kernel_writes) dq.copy_(dq_sum.div_(p.score_unit()));
+  if (!dq_kernel_writes) dq.copy_((bands > 1 ? dq_sum.sum(0) : dq_sum[0]).div_(p.score_unit()));
   if (dmask.defined()) mask_gradient_cuda(pb, t, dmask);
 }
 
