@@ -2,7 +2,8 @@
 // split: a query-owned kernel for dQ and a key-owned kernel for dK and dV, neither with atomics.
 // Both recompute P = base^(s - lse) and dS = P (M dP - D) per tile in registers, with
 // D = rowsum(dO ∘ O) - dLSE formed beforehand by ATen from the rounded output (FlashAttention's D).
-//   dQ kernel: four warps own 16 query rows each; K/V tiles of 64 keys are double-buffered.
+//   dQ kernel: four warps own 32 query rows each (16 for heads wider than 64, whose accumulators
+//   take the registers); K/V tiles of 32 keys (64) are double-buffered.
 //   dK/dV kernel: four warps own 16 keys each; it sweeps every head of the GQA group and every
 //   query tile of 64 rows (double-buffered Q, dO and their rows' statistics), and turns P and dS
 //   into the left operands of P^T dO and dS^T Q with movmatrix transposes. Heads wider than 128
@@ -20,7 +21,19 @@
 namespace rudnn::cuda {
 namespace {
 
-constexpr int kRowsPerTile = 64;  // both kernels' query and key tiles
+constexpr int kRowsPerTile = 64;  // the dK/dV kernel's key and query tiles
+
+// The dQ kernel's: a warp's 16 kMI rows take fewer shared-memory loads per product the more rows
+// it holds (the K/V fragments serve every one of them); past head dim 64 the accumulators of 32
+// rows spill.
+template <int kE, int kEv>
+struct DqShape {
+  static constexpr int kMI = kE <= 64 && kEv <= 64 ? 2 : 1;
+  static constexpr int kBM = 16 * kMI * kTcWarps, kBN = kMI == 2 ? 32 : 64, kNB = kBN / 8;
+  static constexpr int kLdK = tc_ld<kE>(), kLdV = tc_ld<kEv>();
+  static constexpr size_t kSmem =
+      2 * (static_cast<size_t>(kBM) * (kLdK + kLdV) + 2 * static_cast<size_t>(kBN) * (kLdK + kLdV));
+};
 
 template <int kE, int kEv>
 struct BackwardShape {
@@ -77,17 +90,20 @@ __device__ __forceinline__ void gemm_smem_nt(float (&acc)[kMI][kNB][4], const sc
   }
 }
 
-// acc[kCols / 8][4] += A B with A given as fragments of 16 rows by k in [16 kk, 16 kk + 16) and B
-// from a shared tile stored k by columns; every column of the bucket.
-template <typename scalar_t, int kCols, int kLd>
-__device__ __forceinline__ void mma_a_smem_kn(float (&acc)[kCols / 8][4], const uint32_t (&a)[4], const scalar_t* sB,
-                                              int kk) {
+// acc[kMI][kCols / 8][4] += A B with A given as fragments of 16 kMI rows by k in [16 kk, 16 kk + 16)
+// and B from a shared tile stored k by columns; every column of the bucket.
+template <typename scalar_t, int kMI, int kCols, int kLd>
+__device__ __forceinline__ void mma_a_smem_kn(float (&acc)[kMI][kCols / 8][4], const uint32_t (&a)[kMI][4],
+                                              const scalar_t* sB, int kk) {
 #pragma unroll
   for (int nv = 0; nv < kCols / 16; ++nv) {
     uint32_t bb[4];
     load_b_trans<kLd>(bb, sB, 16 * nv, 16 * kk);
-    mma16816<scalar_t>(acc[2 * nv], a, bb[0], bb[1]);
-    mma16816<scalar_t>(acc[2 * nv + 1], a, bb[2], bb[3]);
+#pragma unroll
+    for (int mi = 0; mi < kMI; ++mi) {
+      mma16816<scalar_t>(acc[mi][2 * nv], a[mi], bb[0], bb[1]);
+      mma16816<scalar_t>(acc[mi][2 * nv + 1], a[mi], bb[2], bb[3]);
+    }
   }
 }
 
@@ -111,49 +127,51 @@ __device__ __forceinline__ void store_rows_tc(const float (&acc)[kCols / 8][4], 
 template <typename scalar_t, int kE, int kEv>
 __global__ void __launch_bounds__(kTcThreads)
     attention_dq_tc_kernel(const AttentionParams p, const BackwardArgs<float> a, scalar_t* __restrict__ dq) {
-  using Shape = BackwardShape<kE, kEv>;
-  constexpr int kLdK = Shape::kLdK, kLdV = Shape::kLdV, kBN = kRowsPerTile, kNB = kBN / 8;
+  using Shape = DqShape<kE, kEv>;
+  constexpr int kLdK = Shape::kLdK, kLdV = Shape::kLdV, kMI = Shape::kMI, kBM = Shape::kBM, kBN = Shape::kBN;
+  constexpr int kNB = Shape::kNB;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t b = blockIdx.z, h = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * kRowsPerTile;
-  const int64_t hk = h / p.group(), row0 = i0 + 16 * warp, rows = (b * p.heads + h) * p.queries;
+  const int64_t b = blockIdx.z, h = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * kBM;
+  const int64_t hk = h / p.group(), row0 = i0 + 16 * kMI * warp, rows = (b * p.heads + h) * p.queries;
   const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
   const InputReads in = input_reads<scalar_t>(p, a.dout, a.dout_strides);
 
   extern __shared__ __align__(16) unsigned char smem[];
   scalar_t* sQ = reinterpret_cast<scalar_t*>(smem);
-  scalar_t* sDO = sQ + kRowsPerTile * kLdK;
-  scalar_t* sK[2] = {sDO + kRowsPerTile * kLdV, sDO + kRowsPerTile * kLdV + kBN * (kLdK + kLdV)};
+  scalar_t* sDO = sQ + kBM * kLdK;
+  scalar_t* sK[2] = {sDO + kBM * kLdV, sDO + kBM * kLdV + kBN * (kLdK + kLdV)};
   scalar_t* sV[2] = {sK[0] + kBN * kLdK, sK[1] + kBN * kLdK};
   unsigned char* sMask = smem + Shape::kSmem;
 
-  const RowRange keys = document_keys(p, b, i0, kRowsPerTile, kBN);
+  const RowRange keys = document_keys(p, b, i0, kBM, kBN);
   int64_t key_end = keys.end;
   if (p.is_causal && a.kv_finite[b * p.kv_heads + hk]) {
-    const int64_t last_row = min(i0 + kRowsPerTile, p.queries) - 1;
+    const int64_t last_row = min(i0 + kBM, p.queries) - 1;
     key_end = max(int64_t{0}, min(key_end, last_row + p.shard.query_start - p.shard.key_start + 1));
   }
-  tile_to_smem_async<scalar_t, kRowsPerTile, kE, kTcThreads>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
-  tile_to_smem_async<scalar_t, kRowsPerTile, kEv, kTcThreads>(sDO, a.dout, a.dout_strides, b, h, i0, p.queries, Ev,
-                                                              in.dout);
+  tile_to_smem_async<scalar_t, kBM, kE, kTcThreads>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
+  tile_to_smem_async<scalar_t, kBM, kEv, kTcThreads>(sDO, a.dout, a.dout_strides, b, h, i0, p.queries, Ev, in.dout);
   tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK[0], p.k, p.k_strides, b, hk, keys.begin, key_end, E, in.k);
   tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV[0], p.v, p.v_strides, b, hk, keys.begin, key_end, Ev, in.v);
   cp_async_commit();
 
-  float lse[1][2], delta[1][2];
+  float lse[kMI][2], delta[kMI][2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t i = row0 + lane / 4 + 8 * r;
-    lse[0][r] = i < p.queries ? a.lse_unit[rows + i] : INFINITY;
-    delta[0][r] = i < p.queries ? a.delta[rows + i] : 0.0f;
-  }
+  for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t i = row0 + 16 * mi + lane / 4 + 8 * r;
+      lse[mi][r] = i < p.queries ? a.lse_unit[rows + i] : INFINITY;
+      delta[mi][r] = i < p.queries ? a.delta[rows + i] : 0.0f;
+    }
   const DropoutRng rng = device_rng(p);
-  float acc[kE / 8][4] = {};
+  float acc[kMI][kE / 8][4] = {};
   for (int64_t j0 = keys.begin, tile = 0; j0 < key_end; j0 += kBN, ++tile) {
     const int buf = tile % 2;
     cp_async_wait<0>();
     __syncthreads();  // this tile has landed, and every warp is done with the other buffer
     if (in.masked) {
-      mask_tile_to_smem<scalar_t, kRowsPerTile, kBN>(p, sMask, b, h, i0, j0, in.mask_async);
+      mask_tile_to_smem<scalar_t, kBM, kBN>(p, sMask, b, h, i0, j0, in.mask_async);
       cp_async_commit();
     }
     if (j0 + kBN < key_end) {
@@ -165,34 +183,36 @@ __global__ void __launch_bounds__(kTcThreads)
     }
     cp_async_commit();
     if (p.rotary()) {  // RoPE: Q once, each K tile as it lands
-      if (tile == 0) {
-        rotate_tile_global<scalar_t, kRowsPerTile, kTcThreads>(sQ, kLdK, p.q_rotary, b, h, i0, p.queries, E);
-      }
+      if (tile == 0) rotate_tile_global<scalar_t, kBM, kTcThreads>(sQ, kLdK, p.q_rotary, b, h, i0, p.queries, E);
       rotate_tile_global<scalar_t, kBN, kTcThreads>(sK[buf], kLdK, p.k_rotary, b, hk, j0, key_end, E);
       __syncthreads();
     }
-    float s[1][kNB][4] = {}, dp[1][kNB][4] = {};
-    gemm_smem_nt<scalar_t, 1, kNB, kE, kLdK, kLdK>(s, sQ, 16 * warp, sK[buf], 0);
-    gemm_smem_nt<scalar_t, 1, kNB, kEv, kLdV, kLdV>(dp, sDO, 16 * warp, sV[buf], 0);
-    fragment_scores(p, s, b, row0, j0, tile_on_edge(p, b, row0, 16, j0, kBN));
+    float s[kMI][kNB][4] = {}, dp[kMI][kNB][4] = {};
+    gemm_smem_nt<scalar_t, kMI, kNB, kE, kLdK, kLdK>(s, sQ, 16 * kMI * warp, sK[buf], 0);
+    gemm_smem_nt<scalar_t, kMI, kNB, kEv, kLdV, kLdV>(dp, sDO, 16 * kMI * warp, sV[buf], 0);
+    fragment_scores(p, s, b, row0, j0, tile_on_edge(p, b, row0, 16 * kMI, j0, kBN));
     if (in.masked) {
       cp_async_wait<1>();
       __syncthreads();  // the mask tile is in
-      fragment_add_mask<scalar_t, 1, kNB, kBN>(p, s, sMask, 16 * warp, 0);
+      fragment_add_mask<scalar_t, kMI, kNB, kBN>(p, s, sMask, 16 * kMI * warp, 0);
     }
-    uint32_t keep[1] = {};
-    if (p.has_dropout) fragment_keep_bits<1, kNB>(p, rng, keep, b, h, row0, j0, in.dropout_aligned);
+    uint32_t keep[kMI] = {};
+    if (p.has_dropout) fragment_keep_bits<kMI, kNB>(p, rng, keep, b, h, row0, j0, in.dropout_aligned);
     fragment_gradients<true>(p, s, dp, lse, delta, keep);
     // dQ_i += sum_j dS_ij K_j
 #pragma unroll
     for (int kk = 0; kk < kNB / 2; ++kk) {
-      uint32_t ds[4];
-      fragment_to_a<scalar_t>(ds, dp[0], kk, false);
-      mma_a_smem_kn<scalar_t, kE, kLdK>(acc, ds, sK[buf], kk);
+      uint32_t ds[kMI][4];
+#pragma unroll
+      for (int mi = 0; mi < kMI; ++mi) fragment_to_a<scalar_t>(ds[mi], dp[mi], kk, false);
+      mma_a_smem_kn<scalar_t, kMI, kE, kLdK>(acc, ds, sK[buf], kk);
     }
   }
   cp_async_wait<0>();
-  store_rows_tc<scalar_t, kE>(acc, static_cast<float>(p.scale), dq + rows * E, row0, p.queries, E);
+#pragma unroll
+  for (int mi = 0; mi < kMI; ++mi) {
+    store_rows_tc<scalar_t, kE>(acc[mi], static_cast<float>(p.scale), dq + rows * E, row0 + 16 * mi, p.queries, E);
+  }
 }
 
 // The A fragment of X^T (16 keys by queries [16 mi, 16 mi + 16)) from a query-major C tile
@@ -293,7 +313,7 @@ __global__ void __launch_bounds__(kTcThreads)
   const int lane = threadIdx.x % 32;
   const float kept = p.has_dropout ? static_cast<float>(p.rng.keep_scale) : 1.0f;
   constexpr bool kWantK = kGrads & kGradK, kWantV = kGrads & kGradV;
-  float acc_k[kWantK ? kE / 8 : 1][4] = {}, acc_v[kWantV ? kEv / 8 : 1][4] = {};
+  float acc_k[1][kWantK ? kE / 8 : 1][4] = {}, acc_v[1][kWantV ? kEv / 8 : 1][4] = {};
   for (int64_t u = 0; u < steps; ++u) {
     const int buf = static_cast<int>(u % 2);
     const int64_t h = hk * group + u / tiles, i0 = (first_tile + u % tiles) * kBM;
@@ -337,37 +357,38 @@ __global__ void __launch_bounds__(kTcThreads)
     // dV_j += sum_i (P∘M)_ij dO_i;  dK_j += sum_i dS_ij Q_i   (k runs over the tile's queries)
 #pragma unroll
     for (int mi = 0; mi < kMI; ++mi) {
-      uint32_t at[4];
+      uint32_t at[1][4];
       if constexpr (kWantV) {
-        transposed_a<scalar_t>(at, s[mi]);
-        mma_a_smem_kn<scalar_t, kEv, kLdV>(acc_v, at, sDO[buf], mi);
+        transposed_a<scalar_t>(at[0], s[mi]);
+        mma_a_smem_kn<scalar_t, 1, kEv, kLdV>(acc_v, at, sDO[buf], mi);
       }
       if constexpr (kWantK) {
-        transposed_a<scalar_t>(at, dp[mi]);
-        mma_a_smem_kn<scalar_t, kE, kLdK>(acc_k, at, sQ[buf], mi);
+        transposed_a<scalar_t>(at[0], dp[mi]);
+        mma_a_smem_kn<scalar_t, 1, kE, kLdK>(acc_k, at, sQ[buf], mi);
       }
     }
     if (group_sums != nullptr && (u + 1) % tiles == 0) {
       const bool first = u + 1 == tiles, last = u + 1 == steps;
       float* sums = group_sums + key_rows * (E + Ev);
       if constexpr (kWantK) {
-        add_group_sum<scalar_t, kE>(acc_k, static_cast<float>(p.scale), sums, E + Ev, dk + key_rows * E, kw0, p.keys, E,
-                                    first, last);
+        add_group_sum<scalar_t, kE>(acc_k[0], static_cast<float>(p.scale), sums, E + Ev, dk + key_rows * E, kw0, p.keys,
+                                    E, first, last);
 #pragma unroll
-        for (int c = 0; c < kE / 8; ++c) acc_k[c][0] = acc_k[c][1] = acc_k[c][2] = acc_k[c][3] = 0.0f;
+        for (int c = 0; c < kE / 8; ++c) acc_k[0][c][0] = acc_k[0][c][1] = acc_k[0][c][2] = acc_k[0][c][3] = 0.0f;
       }
       if constexpr (kWantV) {
-        add_group_sum<scalar_t, kEv>(acc_v, kept, sums + E, E + Ev, dv + key_rows * Ev, kw0, p.keys, Ev, first, last);
+        add_group_sum<scalar_t, kEv>(acc_v[0], kept, sums + E, E + Ev, dv + key_rows * Ev, kw0, p.keys, Ev, first,
+                                     last);
 #pragma unroll
-        for (int c = 0; c < kEv / 8; ++c) acc_v[c][0] = acc_v[c][1] = acc_v[c][2] = acc_v[c][3] = 0.0f;
+        for (int c = 0; c < kEv / 8; ++c) acc_v[0][c][0] = acc_v[0][c][1] = acc_v[0][c][2] = acc_v[0][c][3] = 0.0f;
       }
     }
   }
   cp_async_wait<0>();
   if (group_sums != nullptr && steps > 0) return;
   if constexpr (kWantK)
-    store_rows_tc<scalar_t, kE>(acc_k, static_cast<float>(p.scale), dk + key_rows * E, kw0, p.keys, E);
-  if constexpr (kWantV) store_rows_tc<scalar_t, kEv>(acc_v, kept, dv + key_rows * Ev, kw0, p.keys, Ev);
+    store_rows_tc<scalar_t, kE>(acc_k[0], static_cast<float>(p.scale), dk + key_rows * E, kw0, p.keys, E);
+  if constexpr (kWantV) store_rows_tc<scalar_t, kEv>(acc_v[0], kept, dv + key_rows * Ev, kw0, p.keys, Ev);
 }
 
 }  // namespace
@@ -387,10 +408,12 @@ void attention_backward_tc(const AttentionProblem& pb, BackwardTensors& t, const
   AT_DISPATCH_REDUCED_FLOATING_TYPES(dq.scalar_type(), "rudnn_attention_backward_tc", [&] {
     dispatch_tc_dims(p.head_dim, p.value_dim, [&](auto e, auto ev) {
       constexpr int kE = decltype(e)::value, kEv = decltype(ev)::value;
-      using Shape = BackwardShape<kE, kEv>;
-      const size_t smem = Shape::kSmem + mask_tile_bytes<scalar_t, kRowsPerTile, kRowsPerTile>(p.mask_kind);
-      launch_threads(attention_dq_tc_kernel<scalar_t, kE, kEv>, tile_grid(p.queries, kRowsPerTile, p.heads, p.batch),
-                     kTcThreads, smem, p, a, dq.data_ptr<scalar_t>());
+      using Dq = DqShape<kE, kEv>;
+      launch_threads(attention_dq_tc_kernel<scalar_t, kE, kEv>, tile_grid(p.queries, Dq::kBM, p.heads, p.batch),
+                     kTcThreads, Dq::kSmem + mask_tile_bytes<scalar_t, Dq::kBM, Dq::kBN>(p.mask_kind), p, a,
+                     dq.data_ptr<scalar_t>());
+      const size_t smem =
+          BackwardShape<kE, kEv>::kSmem + mask_tile_bytes<scalar_t, kRowsPerTile, kRowsPerTile>(p.mask_kind);
       const dim3 key_grid = tile_grid(p.keys, kRowsPerTile, p.kv_heads, p.batch);
       scalar_t* dk_data = dk.data_ptr<scalar_t>();
       scalar_t* dv_data = dv.data_ptr<scalar_t>();
