@@ -57,9 +57,10 @@ __device__ __forceinline__ void probabilities_times_v(float (&o)[kMI][kEv / 8][4
   }
 }
 
-// kRotary: RoPE fused (p.rotary()). A template flag, so that the kernels without it keep their
-// registers for the fragments (its code alone made the E = 128 kernel spill).
-template <typename scalar_t, int kE, int kEv, bool kRotary>
+// kRotary: RoPE fused (p.rotary()); kSplit: "exact" numerics (P V's split products). Template
+// flags, so that the kernels without them keep their registers for the fragments (the code of
+// either alone made the E = 128 kernel spill).
+template <typename scalar_t, int kE, int kEv, bool kRotary, bool kSplit>
 __global__ void __launch_bounds__(kTcThreads)
     attention_forward_tc_kernel(const AttentionParams p, scalar_t* __restrict__ out, float* __restrict__ lse,
                                 const bool* __restrict__ kv_finite) {
@@ -71,7 +72,6 @@ __global__ void __launch_bounds__(kTcThreads)
   // Causal blocks run from the longest rows down, so that the last wave is of short ones.
   const int64_t i0 = static_cast<int64_t>(p.is_causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kBM;
   const int64_t hk = h / p.group(), row0 = i0 + warp * 16 * kMI;
-  const bool flash = p.numerics == Numerics::kFlash;
   const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
   const InputReads in = input_reads<scalar_t>(p);
 
@@ -184,11 +184,7 @@ __global__ void __launch_bounds__(kTcThreads)
     __syncthreads();
     // Zero weights still multiply V: NaN/inf in V reach the row, as in PyTorch's math path.
     // "exact" adds the product of P's rounding error, so that P reaches V at float32 accuracy.
-    if (flash) {
-      probabilities_times_v<scalar_t, kMI, kNB, kEv, kLdV, false>(o, s, sV);
-    } else {
-      probabilities_times_v<scalar_t, kMI, kNB, kEv, kLdV, true>(o, s, sV);
-    }
+    probabilities_times_v<scalar_t, kMI, kNB, kEv, kLdV, kSplit>(o, s, sV);
   }
   cp_async_wait<0>();
 
@@ -205,7 +201,7 @@ __global__ void __launch_bounds__(kTcThreads)
       const float m_safe = m[mi][r] == -INFINITY ? 0.0f : m[mi][r];
       if (t == 0) lse[(b * p.heads + h) * p.queries + i] = m_safe / kTcUnit + logf(total);
       const float denominator = total > 0 ? total : 1.0f;
-      const float factor = flash ? kept * (1.0f / denominator) : kept / denominator;
+      const float factor = kSplit ? kept / denominator : kept * (1.0f / denominator);
       scalar_t* row = out + ((b * p.heads + h) * p.queries + i) * Ev;
 #pragma unroll
       for (int c = 0; c < kEv / 8; ++c) {
@@ -224,14 +220,16 @@ void attention_forward_tc(const AttentionProblem& pb, const at::Tensor& out, con
   AT_DISPATCH_REDUCED_FLOATING_TYPES(out.scalar_type(), "rudnn_attention_forward_tc", [&] {
     dispatch_tc_dims(p.head_dim, p.value_dim, [&](auto e, auto ev) {
       dispatch_flag(p.rotary(), [&](auto rotary) {
-        constexpr int kE = decltype(e)::value, kEv = decltype(ev)::value;
-        using Shape = ForwardShape<kE, kEv>;
-        launch_threads(attention_forward_tc_kernel<scalar_t, kE, kEv, decltype(rotary)::value>,
-                       tile_grid(p.queries, Shape::kBM, p.heads, p.batch), kTcThreads,
-                       Shape::kSmem + mask_tile_bytes<scalar_t, Shape::kBM, Shape::kBN>(p.mask_kind) +
-                           (Shape::kTableInSmem && p.rotary() ? Shape::kTableBytes : 0),
-                       p, out.data_ptr<scalar_t>(), lse.data_ptr<float>(),
-                       kv_finite.defined() ? kv_finite.const_data_ptr<bool>() : nullptr);
+        dispatch_flag(p.numerics == Numerics::kExact, [&](auto split) {
+          constexpr int kE = decltype(e)::value, kEv = decltype(ev)::value;
+          using Shape = ForwardShape<kE, kEv>;
+          launch_threads(attention_forward_tc_kernel<scalar_t, kE, kEv, decltype(rotary)::value, decltype(split)::value>,
+                         tile_grid(p.queries, Shape::kBM, p.heads, p.batch), kTcThreads,
+                         Shape::kSmem + mask_tile_bytes<scalar_t, Shape::kBM, Shape::kBN>(p.mask_kind) +
+                             (Shape::kTableInSmem && p.rotary() ? Shape::kTableBytes : 0),
+                         p, out.data_ptr<scalar_t>(), lse.data_ptr<float>(),
+                         kv_finite.defined() ? kv_finite.const_data_ptr<bool>() : nullptr);
+        });
       });
     });
   });
