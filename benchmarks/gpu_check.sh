@@ -10,7 +10,8 @@
 #   long      L = S = 65536, E = 64, bf16, causal, forward and backward: time and peak memory
 #   profile   per-kernel GPU time of forward and backward
 #   ncu       Nsight Compute on the kernels of the cases named by NCU_CASES (default: the float32
-#             case), NCU_COUNT launches: details and per-instruction stall samples into $OUT
+#             case), NCU_COUNT launches: details and per-instruction stall samples into $OUT, and
+#             per kernel the stall reasons and busiest opcodes (benchmarks/ncu_summary.py)
 set -uo pipefail
 OUT=${OUT:-/tmp/rudnn-gpu}
 mkdir -p "$OUT"
@@ -53,7 +54,8 @@ for step in "$@"; do
         python3 benchmarks/profile_kernels.py --cases "${NCU_CASES:-float32}" --once >"$OUT/ncu.log" 2>&1
       ncu --import /tmp/rudnn-kernels.ncu-rep --page details >"$OUT/ncu_details.txt" 2>&1
       ncu --import /tmp/rudnn-kernels.ncu-rep --page source --csv --print-source sass >"$OUT/ncu_source.csv" 2>&1
-      tail -n 3 "$OUT/ncu.log"; grep -E "^  [a-z_]+.*\(|Duration|Executed Ipc A|Issue Slots Busy|Registers Per|Achieved Occ" "$OUT/ncu_details.txt" ;;
+      tail -n 3 "$OUT/ncu.log"; grep -E "^  [a-z_]+.*\(|Duration|Executed Ipc A|Issue Slots Busy|Registers Per|Achieved Occ" "$OUT/ncu_details.txt"
+      python3 benchmarks/ncu_summary.py "$OUT/ncu_source.csv" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   echo "$step: $(($(date +%s) - start)) s"
