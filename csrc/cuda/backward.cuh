@@ -78,6 +78,12 @@ void attention_backward_tc(const AttentionProblem& pb, BackwardTensors& t, const
                            const std::optional<at::Tensor>& grad_lse, const at::Tensor& dq, const at::Tensor& dk,
                            const at::Tensor& dv, const at::Tensor& dmask);
 
+// Its kernels' launches for one input dtype (attention_backward_tc.cuh, instantiated in
+// attention_backward_tc_bf16.cu and attention_backward_tc_f16.cu).
+template <typename scalar_t>
+void launch_backward_tc(const AttentionParams& p, const BackwardArgs<float>& a, float* group_sums, scalar_t* dq,
+                        scalar_t* dk, scalar_t* dv);
+
 // dMask (the canonical mask's shape, compute type) from D and the saved statistics.
 void mask_gradient_cuda(const AttentionProblem& pb, const BackwardTensors& t, const at::Tensor& dmask);
 

@@ -1,0 +1,424 @@
+// Backward on the tensor cores (float16/bfloat16, flash numerics), deterministic, in the seed's
+// split: a query-owned kernel for dQ and a key-owned kernel for dK and dV, neither with atomics.
+// Both recompute P = base^(s - lse) and dS = P (M dP - D) per tile in registers, with
+// D = rowsum(dO ∘ O) - dLSE formed beforehand by ATen from the rounded output (FlashAttention's D).
+//   dQ kernel: four warps own 32 query rows each (16 for heads wider than 64, whose accumulators
+//   take the registers); K/V tiles of 32 keys (64) are double-buffered.
+//   dK/dV kernel: four warps own 16 keys each; it sweeps every head of the GQA group and every
+//   query tile of 64 rows (double-buffered Q, dO and their rows' statistics), and turns P and dS
+//   into the left operands of P^T dO and dS^T Q with movmatrix transposes. Heads wider than 128
+//   run it twice, for dK and for dV, each accumulator alone in registers.
+// launch_backward_tc is instantiated once per input dtype (attention_backward_tc_bf16.cu,
+// attention_backward_tc_f16.cu), so that the two halves compile in parallel.
+#pragma once
+
+#include "backward.cuh"
+#include "launch.cuh"
+#include "rotary.cuh"
+#include "tensor_core.cuh"
+
+namespace rudnn::cuda {
+namespace tc_backward {
+
+constexpr int kRowsPerTile = 64;  // the dK/dV kernel's key and query tiles
+
+// The dQ kernel's: a warp's 16 kMI rows take fewer shared-memory loads per product the more rows
+// it holds (the K/V fragments serve every one of them); past head dim 64 the accumulators of 32
+// rows spill.
+template <int kE, int kEv>
+struct DqShape {
+  static constexpr int kMI = kE <= 64 && kEv <= 64 ? 2 : 1;
+  static constexpr int kBM = 16 * kMI * kTcWarps, kBN = kMI == 2 ? 32 : 64, kNB = kBN / 8;
+  static constexpr int kLdK = tc_ld<kE>(), kLdV = tc_ld<kEv>();
+  static constexpr size_t kSmem =
+      2 * (static_cast<size_t>(kBM) * (kLdK + kLdV) + 2 * static_cast<size_t>(kBN) * (kLdK + kLdV));
+};
+
+template <int kE, int kEv>
+struct BackwardShape {
+  static constexpr int kLdK = tc_ld<kE>(), kLdV = tc_ld<kEv>();
+  // One tile of each operand the block owns, two of each it streams (row-major 16-bit tiles).
+  static constexpr size_t kTileBytes = 2 * static_cast<size_t>(kRowsPerTile) * (kLdK + kLdV);
+  static constexpr size_t kSmem = 3 * kTileBytes + 2 * 2 * kRowsPerTile * sizeof(float);
+};
+
+// P (zero where dropout drops) into s and, kWithDs, dS = P (M dP - D) into dp, for a warp's
+// fragment tile; lse and delta of the fragment's rows (lse * kTcUnit, +inf where a row has no keys
+// or is past the end); keep: fragment_keep_bits of the tile, read only with dropout.
+template <bool kWithDs, int kMI, int kNB>
+__device__ __forceinline__ void fragment_gradients(const AttentionParams& p, float (&s)[kMI][kNB][4],
+                                                   float (&dp)[kMI][kNB][4], const float (&lse)[kMI][2],
+                                                   const float (&delta)[kMI][2], const uint32_t (&keep)[kMI]) {
+  const float kept = static_cast<float>(p.rng.keep_scale);
+#pragma unroll
+  for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+    for (int nb = 0; nb < kNB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float prob = exp2_ftz(s[mi][nb][e] - lse[mi][e / 2]);
+        const bool dropped = p.has_dropout && !((keep[mi] >> (4 * nb + e)) & 1);
+        if constexpr (kWithDs) {
+          const float m = p.has_dropout ? (dropped ? 0.0f : kept) : 1.0f;
+          dp[mi][nb][e] = prob * (dp[mi][nb][e] * m - delta[mi][e / 2]);
+        }
+        s[mi][nb][e] = dropped ? 0.0f : prob;
+      }
+}
+
+// acc[kMI][kNB][4] += A B for a warp's 16 kMI rows: A from shared tile sA (rows by k, rows from
+// a_row0), B^T from sB (columns by k, columns from b_col0); k over the whole bucket kDepth.
+template <typename scalar_t, int kMI, int kNB, int kDepth, int kLdA, int kLdB>
+__device__ __forceinline__ void gemm_smem_nt(float (&acc)[kMI][kNB][4], const scalar_t* sA, int a_row0,
+                                             const scalar_t* sB, int b_col0) {
+#pragma unroll
+  for (int ks = 0; ks < kDepth / 16; ++ks) {
+    uint32_t a[kMI][4];
+#pragma unroll
+    for (int mi = 0; mi < kMI; ++mi) load_a<kLdA>(a[mi], sA, a_row0 + 16 * mi, 16 * ks);
+#pragma unroll
+    for (int nb = 0; nb < kNB; nb += 2) {
+      uint32_t bb[4];
+      load_b<kLdB>(bb, sB, b_col0 + 8 * nb, 16 * ks);
+#pragma unroll
+      for (int mi = 0; mi < kMI; ++mi) {
+        mma16816<scalar_t>(acc[mi][nb], a[mi], bb[0], bb[1]);
+        mma16816<scalar_t>(acc[mi][nb + 1], a[mi], bb[2], bb[3]);
+      }
+    }
+  }
+}
+
+// acc[kMI][kCols / 8][4] += A B with A given as fragments of 16 kMI rows by k in [16 kk, 16 kk + 16)
+// and B from a shared tile stored k by columns; every column of the bucket.
+template <typename scalar_t, int kMI, int kCols, int kLd>
+__device__ __forceinline__ void mma_a_smem_kn(float (&acc)[kMI][kCols / 8][4], const uint32_t (&a)[kMI][4],
+                                              const scalar_t* sB, int kk) {
+#pragma unroll
+  for (int nv = 0; nv < kCols / 16; ++nv) {
+    uint32_t bb[4];
+    load_b_trans<kLd>(bb, sB, 16 * nv, 16 * kk);
+#pragma unroll
+    for (int mi = 0; mi < kMI; ++mi) {
+      mma16816<scalar_t>(acc[mi][2 * nv], a[mi], bb[0], bb[1]);
+      mma16816<scalar_t>(acc[mi][2 * nv + 1], a[mi], bb[2], bb[3]);
+    }
+  }
+}
+
+// Stores a warp's 16-row accumulator (rows row0 + g, row0 + g + 8 of a contiguous tensor of
+// `rows` rows) times `factor`.
+template <typename scalar_t, int kCols>
+__device__ __forceinline__ void store_rows_tc(const float (&acc)[kCols / 8][4], float factor, scalar_t* out,
+                                              int64_t row0, int64_t rows, int cols) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t i = row0 + lane / 4 + 8 * r;
+    if (i >= rows) continue;
+#pragma unroll
+    for (int c = 0; c < kCols / 8; ++c) {
+      store_pair(out + i * cols, 8 * c + 2 * (lane % 4), cols, acc[c][2 * r] * factor, acc[c][2 * r + 1] * factor);
+    }
+  }
+}
+
+template <typename scalar_t, int kE, int kEv>
+__global__ void __launch_bounds__(kTcThreads)
+    attention_dq_tc_kernel(const AttentionParams p, const BackwardArgs<float> a, scalar_t* __restrict__ dq) {
+  using Shape = DqShape<kE, kEv>;
+  constexpr int kLdK = Shape::kLdK, kLdV = Shape::kLdV, kMI = Shape::kMI, kBM = Shape::kBM, kBN = Shape::kBN;
+  constexpr int kNB = Shape::kNB;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t b = blockIdx.z, h = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * kBM;
+  const int64_t hk = h / p.group(), row0 = i0 + 16 * kMI * warp, rows = (b * p.heads + h) * p.queries;
+  const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
+  const InputReads in = input_reads<scalar_t>(p, a.dout, a.dout_strides);
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  scalar_t* sQ = reinterpret_cast<scalar_t*>(smem);
+  scalar_t* sDO = sQ + kBM * kLdK;
+  scalar_t* sK[2] = {sDO + kBM * kLdV, sDO + kBM * kLdV + kBN * (kLdK + kLdV)};
+  scalar_t* sV[2] = {sK[0] + kBN * kLdK, sK[1] + kBN * kLdK};
+  unsigned char* sMask = smem + Shape::kSmem;
+
+  const RowRange keys = document_keys(p, b, i0, kBM, kBN);
+  int64_t key_end = keys.end;
+  if (p.is_causal && a.kv_finite[b * p.kv_heads + hk]) {
+    const int64_t last_row = min(i0 + kBM, p.queries) - 1;
+    key_end = max(int64_t{0}, min(key_end, last_row + p.shard.query_start - p.shard.key_start + 1));
+  }
+  tile_to_smem_async<scalar_t, kBM, kE, kTcThreads>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
+  tile_to_smem_async<scalar_t, kBM, kEv, kTcThreads>(sDO, a.dout, a.dout_strides, b, h, i0, p.queries, Ev, in.dout);
+  tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK[0], p.k, p.k_strides, b, hk, keys.begin, key_end, E, in.k);
+  tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV[0], p.v, p.v_strides, b, hk, keys.begin, key_end, Ev, in.v);
+  cp_async_commit();
+
+  float lse[kMI][2], delta[kMI][2];
+#pragma unroll
+  for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t i = row0 + 16 * mi + lane / 4 + 8 * r;
+      lse[mi][r] = i < p.queries ? a.lse_unit[rows + i] : INFINITY;
+      delta[mi][r] = i < p.queries ? a.delta[rows + i] : 0.0f;
+    }
+  const DropoutRng rng = device_rng(p);
+  float acc[kMI][kE / 8][4] = {};
+  for (int64_t j0 = keys.begin, tile = 0; j0 < key_end; j0 += kBN, ++tile) {
+    const int buf = tile % 2;
+    cp_async_wait<0>();
+    __syncthreads();  // this tile has landed, and every warp is done with the other buffer
+    if (in.masked) {
+      mask_tile_to_smem<scalar_t, kBM, kBN>(p, sMask, b, h, i0, j0, in.mask_async);
+      cp_async_commit();
+    }
+    if (j0 + kBN < key_end) {
+      tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK[buf ^ 1], p.k, p.k_strides, b, hk, j0 + kBN, key_end, E,
+                                                        in.k);
+      tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV[buf ^ 1], p.v, p.v_strides, b, hk, j0 + kBN, key_end, Ev,
+                                                         in.v);
+      if (p.rotary()) prefetch_table_rows<kBN, kTcThreads>(p.k_rotary, b, hk, j0 + kBN, key_end, E);
+    }
+    cp_async_commit();
+    if (p.rotary()) {  // RoPE: Q once, each K tile as it lands
+      if (tile == 0) rotate_tile_global<scalar_t, kBM, kTcThreads>(sQ, kLdK, p.q_rotary, b, h, i0, p.queries, E);
+      rotate_tile_global<scalar_t, kBN, kTcThreads>(sK[buf], kLdK, p.k_rotary, b, hk, j0, key_end, E);
+      __syncthreads();
+    }
+    float s[kMI][kNB][4] = {}, dp[kMI][kNB][4] = {};
+    gemm_smem_nt<scalar_t, kMI, kNB, kE, kLdK, kLdK>(s, sQ, 16 * kMI * warp, sK[buf], 0);
+    gemm_smem_nt<scalar_t, kMI, kNB, kEv, kLdV, kLdV>(dp, sDO, 16 * kMI * warp, sV[buf], 0);
+    fragment_scores(p, s, b, row0, j0, tile_on_edge(p, b, row0, 16 * kMI, j0, kBN));
+    if (in.masked) {
+      cp_async_wait<1>();
+      __syncthreads();  // the mask tile is in
+      fragment_add_mask<scalar_t, kMI, kNB, kBN>(p, s, sMask, 16 * kMI * warp, 0);
+    }
+    uint32_t keep[kMI] = {};
+    if (p.has_dropout) fragment_keep_bits<kMI, kNB>(p, rng, keep, b, h, row0, j0, in.dropout_aligned);
+    fragment_gradients<true>(p, s, dp, lse, delta, keep);
+    // dQ_i += sum_j dS_ij K_j
+#pragma unroll
+    for (int kk = 0; kk < kNB / 2; ++kk) {
+      uint32_t ds[kMI][4];
+#pragma unroll
+      for (int mi = 0; mi < kMI; ++mi) fragment_to_a<scalar_t>(ds[mi], dp[mi], kk, false);
+      mma_a_smem_kn<scalar_t, kMI, kE, kLdK>(acc, ds, sK[buf], kk);
+    }
+  }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int mi = 0; mi < kMI; ++mi) {
+    store_rows_tc<scalar_t, kE>(acc[mi], static_cast<float>(p.scale), dq + rows * E, row0 + 16 * mi, p.queries, E);
+  }
+}
+
+// The A fragment of X^T (16 keys by queries [16 mi, 16 mi + 16)) from a query-major C tile
+// x[mi][0..1] of this warp's 16 keys, rounded to 16 bits.
+template <typename scalar_t>
+__device__ __forceinline__ void transposed_a(uint32_t (&a)[4], const float (&x)[2][4]) {
+  a[0] = movmatrix_trans(pack2<scalar_t>(x[0][0], x[0][1]));
+  a[1] = movmatrix_trans(pack2<scalar_t>(x[1][0], x[1][1]));
+  a[2] = movmatrix_trans(pack2<scalar_t>(x[0][2], x[0][3]));
+  a[3] = movmatrix_trans(pack2<scalar_t>(x[1][2], x[1][3]));
+}
+
+// Adds a warp's accumulator of 16 key rows, rounded to the input dtype, to the group's running
+// sums (GQA in flash numerics: FlashAttention rounds each query head's dK/dV before summing
+// them); the group's last head writes the sums out.
+template <typename scalar_t, int kCols>
+__device__ __forceinline__ void add_group_sum(const float (&acc)[kCols / 8][4], float factor, float* sums, int sum_cols,
+                                              scalar_t* out, int64_t row0, int64_t rows, int cols, bool first,
+                                              bool last) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t j = row0 + lane / 4 + 8 * r;
+    if (j >= rows) continue;
+#pragma unroll
+    for (int c = 0; c < kCols / 8; ++c) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int d = 8 * c + 2 * (lane % 4) + e;
+        if (d >= cols) continue;
+        const float x = (first ? 0.0f : sums[j * sum_cols + d]) + round_to<scalar_t>(acc[c][2 * r + e] * factor);
+        if (last)
+          out[j * cols + d] = static_cast<scalar_t>(x);
+        else
+          sums[j * sum_cols + d] = x;
+      }
+    }
+  }
+}
+
+// Which of dK and dV a launch of the dK/dV kernel computes: wide heads take one launch for each,
+// so that one accumulator fits in registers (dV needs neither dP nor dS).
+enum KeyGrads : int { kGradK = 1, kGradV = 2, kGradKV = 3 };
+
+// kRotary: RoPE fused (p.rotary()), a template flag for the registers, as in the forward.
+template <typename scalar_t, int kE, int kEv, int kGrads, bool kRotary>
+__global__ void __launch_bounds__(kTcThreads)
+    attention_dkdv_tc_kernel(const AttentionParams p, const BackwardArgs<float> a, scalar_t* __restrict__ dk,
+                             scalar_t* __restrict__ dv, float* __restrict__ group_sums) {
+  using Shape = BackwardShape<kE, kEv>;
+  constexpr int kLdK = Shape::kLdK, kLdV = Shape::kLdV, kBM = kRowsPerTile, kMI = kBM / 16;
+  const int warp = threadIdx.x / 32;
+  const int64_t b = blockIdx.z, hk = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * kRowsPerTile;
+  const int64_t kw0 = j0 + 16 * warp, key_rows = (b * p.kv_heads + hk) * p.keys;
+  const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
+  const InputReads in = input_reads<scalar_t>(p, a.dout, a.dout_strides);
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  scalar_t* sK = reinterpret_cast<scalar_t*>(smem);
+  scalar_t* sV = sK + kRowsPerTile * kLdK;
+  scalar_t* sQ[2] = {sV + kRowsPerTile * kLdV, sV + kRowsPerTile * kLdV + kBM * (kLdK + kLdV)};
+  scalar_t* sDO[2] = {sQ[0] + kBM * kLdK, sQ[1] + kBM * kLdK};
+  float* sStats = reinterpret_cast<float*>(sK + 3 * kRowsPerTile * (kLdK + kLdV));  // [2][lse, delta][kBM]
+  unsigned char* sMask = smem + Shape::kSmem;
+
+  // Query tiles outside the keys' documents, or before the causal frontier of the first key, see
+  // none of these keys.
+  const RowRange queries = document_queries(p, b, j0, kRowsPerTile, kBM);
+  int64_t first_tile = queries.begin / kBM;
+  if (p.is_causal && a.kv_finite[b * p.kv_heads + hk]) {
+    first_tile = max(first_tile, max(int64_t{0}, j0 - (p.shard.query_start - p.shard.key_start)) / kBM);
+  }
+  const int64_t tiles = (queries.end + kBM - 1) / kBM - first_tile, group = p.group();
+  const int64_t steps = tiles > 0 ? tiles * group : 0;
+  // Step u: head hk * group + u / tiles, query tile first_tile + u % tiles; its Q, dO and stats
+  // go to buffer u % 2.
+  const auto load_step = [&](int64_t u) {
+    const int buf = static_cast<int>(u % 2);
+    const int64_t h = hk * group + u / tiles, i0 = (first_tile + u % tiles) * kBM;
+    tile_to_smem_async<scalar_t, kBM, kE, kTcThreads>(sQ[buf], p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
+    tile_to_smem_async<scalar_t, kBM, kEv, kTcThreads>(sDO[buf], a.dout, a.dout_strides, b, h, i0, p.queries, Ev,
+                                                       in.dout);
+    if constexpr (kRotary) prefetch_table_rows<kBM, kTcThreads>(p.q_rotary, b, h, i0, p.queries, E);
+    const int r = threadIdx.x % kBM;
+    const int64_t i = i0 + r, at = (b * p.heads + h) * p.queries + i;
+    float* stats = sStats + buf * 2 * kBM;
+    if (threadIdx.x < kBM)
+      stats[r] = i < p.queries ? a.lse_unit[at] : INFINITY;
+    else
+      stats[kBM + r] = i < p.queries ? a.delta[at] : 0.0f;
+  };
+  tile_to_smem_async<scalar_t, kRowsPerTile, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, j0, p.keys, E, in.k);
+  tile_to_smem_async<scalar_t, kRowsPerTile, kEv, kTcThreads>(sV, p.v, p.v_strides, b, hk, j0, p.keys, Ev, in.v);
+  if (steps > 0) load_step(0);
+  cp_async_commit();
+
+  const DropoutRng rng = device_rng(p);
+  const int lane = threadIdx.x % 32;
+  const float kept = p.has_dropout ? static_cast<float>(p.rng.keep_scale) : 1.0f;
+  constexpr bool kWantK = kGrads & kGradK, kWantV = kGrads & kGradV;
+  float acc_k[1][kWantK ? kE / 8 : 1][4] = {}, acc_v[1][kWantV ? kEv / 8 : 1][4] = {};
+  for (int64_t u = 0; u < steps; ++u) {
+    const int buf = static_cast<int>(u % 2);
+    const int64_t h = hk * group + u / tiles, i0 = (first_tile + u % tiles) * kBM;
+    cp_async_wait<0>();
+    __syncthreads();  // this step has landed, and every warp is done with the other buffer
+    if (in.masked) {
+      mask_tile_to_smem<scalar_t, kBM, kRowsPerTile>(p, sMask, b, h, i0, j0, in.mask_async);
+      cp_async_commit();
+    }
+    if (u + 1 < steps) load_step(u + 1);
+    cp_async_commit();
+    if constexpr (kRotary) {  // RoPE: K once, each Q tile as it lands
+      if (u == 0) {
+        rotate_tile_global<scalar_t, kRowsPerTile, kTcThreads>(sK, kLdK, p.k_rotary, b, hk, j0, p.keys, E);
+      }
+      rotate_tile_global<scalar_t, kBM, kTcThreads>(sQ[buf], kLdK, p.q_rotary, b, h, i0, p.queries, E);
+      __syncthreads();
+    }
+
+    float s[kMI][2][4] = {}, dp[kMI][2][4] = {};
+    gemm_smem_nt<scalar_t, kMI, 2, kE, kLdK, kLdK>(s, sQ[buf], 0, sK, 16 * warp);
+    if constexpr (kWantK) gemm_smem_nt<scalar_t, kMI, 2, kEv, kLdV, kLdV>(dp, sDO[buf], 0, sV, 16 * warp);
+    float lse[kMI][2], delta[kMI][2];
+    const float* stats = sStats + buf * 2 * kBM;
+#pragma unroll
+    for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        lse[mi][r] = stats[16 * mi + lane / 4 + 8 * r];
+        delta[mi][r] = stats[kBM + 16 * mi + lane / 4 + 8 * r];
+      }
+    fragment_scores(p, s, b, i0, kw0, tile_on_edge(p, b, i0, kBM, kw0, 16));
+    if (in.masked) {
+      cp_async_wait<1>();
+      __syncthreads();  // the mask tile is in
+      fragment_add_mask<scalar_t, kMI, 2, kRowsPerTile>(p, s, sMask, 0, 16 * warp);
+    }
+    uint32_t keep[kMI] = {};
+    if (p.has_dropout) fragment_keep_bits<kMI, 2>(p, rng, keep, b, h, i0, kw0, in.dropout_aligned);
+    fragment_gradients<kWantK>(p, s, dp, lse, delta, keep);
+    // dV_j += sum_i (P∘M)_ij dO_i;  dK_j += sum_i dS_ij Q_i   (k runs over the tile's queries)
+#pragma unroll
+    for (int mi = 0; mi < kMI; ++mi) {
+      uint32_t at[1][4];
+      if constexpr (kWantV) {
+        transposed_a<scalar_t>(at[0], s[mi]);
+        mma_a_smem_kn<scalar_t, 1, kEv, kLdV>(acc_v, at, sDO[buf], mi);
+      }
+      if constexpr (kWantK) {
+        transposed_a<scalar_t>(at[0], dp[mi]);
+        mma_a_smem_kn<scalar_t, 1, kE, kLdK>(acc_k, at, sQ[buf], mi);
+      }
+    }
+    if (group_sums != nullptr && (u + 1) % tiles == 0) {
+      const bool first = u + 1 == tiles, last = u + 1 == steps;
+      float* sums = group_sums + key_rows * (E + Ev);
+      if constexpr (kWantK) {
+        add_group_sum<scalar_t, kE>(acc_k[0], static_cast<float>(p.scale), sums, E + Ev, dk + key_rows * E, kw0, p.keys,
+                                    E, first, last);
+#pragma unroll
+        for (int c = 0; c < kE / 8; ++c) acc_k[0][c][0] = acc_k[0][c][1] = acc_k[0][c][2] = acc_k[0][c][3] = 0.0f;
+      }
+      if constexpr (kWantV) {
+        add_group_sum<scalar_t, kEv>(acc_v[0], kept, sums + E, E + Ev, dv + key_rows * Ev, kw0, p.keys, Ev, first,
+                                     last);
+#pragma unroll
+        for (int c = 0; c < kEv / 8; ++c) acc_v[0][c][0] = acc_v[0][c][1] = acc_v[0][c][2] = acc_v[0][c][3] = 0.0f;
+      }
+    }
+  }
+  cp_async_wait<0>();
+  if (group_sums != nullptr && steps > 0) return;
+  if constexpr (kWantK)
+    store_rows_tc<scalar_t, kE>(acc_k[0], static_cast<float>(p.scale), dk + key_rows * E, kw0, p.keys, E);
+  if constexpr (kWantV) store_rows_tc<scalar_t, kEv>(acc_v[0], kept, dv + key_rows * Ev, kw0, p.keys, Ev);
+}
+
+}  // namespace tc_backward
+
+// dQ, then dK and dV (group_sums: (B, Hkv, S, E + Ev) float32 where GQA rounds each head's part,
+// null otherwise).
+template <typename scalar_t>
+void launch_backward_tc(const AttentionParams& p, const BackwardArgs<float>& a, float* group_sums, scalar_t* dq,
+                        scalar_t* dk, scalar_t* dv) {
+  using namespace tc_backward;
+  dispatch_tc_dims(p.head_dim, p.value_dim, [&](auto e, auto ev) {
+    constexpr int kE = decltype(e)::value, kEv = decltype(ev)::value;
+    using Dq = DqShape<kE, kEv>;
+    launch_threads(attention_dq_tc_kernel<scalar_t, kE, kEv>, tile_grid(p.queries, Dq::kBM, p.heads, p.batch),
+                   kTcThreads, Dq::kSmem + mask_tile_bytes<scalar_t, Dq::kBM, Dq::kBN>(p.mask_kind), p, a, dq);
+    const size_t smem =
+        BackwardShape<kE, kEv>::kSmem + mask_tile_bytes<scalar_t, kRowsPerTile, kRowsPerTile>(p.mask_kind);
+    const dim3 key_grid = tile_grid(p.keys, kRowsPerTile, p.kv_heads, p.batch);
+    dispatch_flag(p.rotary(), [&](auto rotary) {
+      constexpr bool kRotary = decltype(rotary)::value;
+      if constexpr (kE <= 128 && kEv <= 128) {
+        launch_threads(attention_dkdv_tc_kernel<scalar_t, kE, kEv, kGradKV, kRotary>, key_grid, kTcThreads, smem, p,
+                       a, dk, dv, group_sums);
+      } else {
+        launch_threads(attention_dkdv_tc_kernel<scalar_t, kE, kEv, kGradK, kRotary>, key_grid, kTcThreads, smem, p, a,
+                       dk, dv, group_sums);
+        launch_threads(attention_dkdv_tc_kernel<scalar_t, kE, kEv, kGradV, kRotary>, key_grid, kTcThreads, smem, p, a,
+                       dk, dv, group_sums);
+      }
+    });
+  });
+}
+
+}  // namespace rudnn::cuda

@@ -1,0 +1,7 @@
+// The tensor-core backward's kernels for bfloat16 inputs.
+#include "attention_backward_tc.cuh"
+
+namespace rudnn::cuda {
+template void launch_backward_tc<c10::BFloat16>(const AttentionParams&, const BackwardArgs<float>&, float*,
+                                           c10::BFloat16*, c10::BFloat16*, c10::BFloat16*);
+}  // namespace rudnn::cuda

@@ -1,0 +1,233 @@
+// Forward on the tensor cores (float16/bfloat16, mma.sync m16n8k16): a block of four warps owns
+// kBM query rows of one head, each warp 16 kMI of them; key/value tiles of kBN rows stream
+// through shared memory by cp.async, K of the next tile loading while this tile's softmax and
+// P V run. Scores, probabilities and the output stay in registers: the score fragments, rounded
+// to 16 bits, are the A operand of P V (mma.cuh). A mask comes in as a float tile per key tile
+// (tensor_core.cuh), dropout as keep bits drawn once per Philox block. launch_forward_tc is
+// instantiated once per input dtype (attention_forward_tc_bf16.cu, attention_forward_tc_f16.cu),
+// so that the two halves compile in parallel.
+#pragma once
+
+#include "launch.cuh"
+#include "rotary.cuh"
+#include "tensor_core.cuh"
+
+namespace rudnn::cuda {
+namespace tc_forward {
+
+template <int kE, int kEv>
+struct ForwardShape {
+  static constexpr int kMI = kE <= 128 ? 2 : 1;  // 16-row fragments per warp; wide heads need the registers
+  static constexpr int kBM = 16 * kMI * kTcWarps, kBN = 64, kNB = kBN / 8;
+  static constexpr int kLdK = tc_ld<kE>(), kLdV = tc_ld<kEv>();
+  static constexpr size_t kSmem = 2 * (static_cast<size_t>(kBM + kBN) * kLdK + static_cast<size_t>(kBN) * kLdV);
+  // RoPE: each K tile's table rows come by cp.async with the tile, where they fit beside two blocks
+  // per multiprocessor; wider heads read them from global memory as they turn the tile.
+  static constexpr bool kTableInSmem = kE <= 128;
+  static constexpr size_t kTableBytes = static_cast<size_t>(kBN) * kE * sizeof(float);
+};
+
+// o += P V for a warp's 16 kMI rows, P rounded to 16 bits; with kSplit also (P - round(P)) V.
+template <typename scalar_t, int kMI, int kNB, int kEv, int kLdV, bool kSplit>
+__device__ __forceinline__ void probabilities_times_v(float (&o)[kMI][kEv / 8][4], const float (&s)[kMI][kNB][4],
+                                                      const scalar_t* sV) {
+#pragma unroll
+  for (int kk = 0; kk < kNB / 2; ++kk) {
+    uint32_t a[kMI][4], a_low[kMI][4];
+#pragma unroll
+    for (int mi = 0; mi < kMI; ++mi) {
+      fragment_to_a<scalar_t>(a[mi], s[mi], kk, false);
+      if constexpr (kSplit) fragment_to_a<scalar_t>(a_low[mi], s[mi], kk, true);
+    }
+#pragma unroll
+    for (int nv = 0; nv < kEv / 16; ++nv) {
+      uint32_t bv[4];
+      load_b_trans<kLdV>(bv, sV, 16 * nv, 16 * kk);
+#pragma unroll
+      for (int mi = 0; mi < kMI; ++mi) {
+        mma16816<scalar_t>(o[mi][2 * nv], a[mi], bv[0], bv[1]);
+        mma16816<scalar_t>(o[mi][2 * nv + 1], a[mi], bv[2], bv[3]);
+        if constexpr (kSplit) {
+          mma16816<scalar_t>(o[mi][2 * nv], a_low[mi], bv[0], bv[1]);
+          mma16816<scalar_t>(o[mi][2 * nv + 1], a_low[mi], bv[2], bv[3]);
+        }
+      }
+    }
+  }
+}
+
+// kRotary: RoPE fused (p.rotary()); kSplit: "exact" numerics (P V's split products). Template
+// flags, so that the kernels without them keep their registers for the fragments (the code of
+// either alone made the E = 128 kernel spill).
+template <typename scalar_t, int kE, int kEv, bool kRotary, bool kSplit>
+__global__ void __launch_bounds__(kTcThreads)
+    attention_forward_tc_kernel(const AttentionParams p, scalar_t* __restrict__ out, float* __restrict__ lse,
+                                const bool* __restrict__ kv_finite) {
+  using Shape = ForwardShape<kE, kEv>;
+  constexpr int kMI = Shape::kMI, kBM = Shape::kBM, kBN = Shape::kBN, kNB = Shape::kNB;
+  constexpr int kLdK = Shape::kLdK, kLdV = Shape::kLdV;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t b = blockIdx.z, h = blockIdx.y;
+  // Causal blocks run from the longest rows down, so that the last wave is of short ones.
+  const int64_t i0 = static_cast<int64_t>(p.is_causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kBM;
+  const int64_t hk = h / p.group(), row0 = i0 + warp * 16 * kMI;
+  const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
+  const InputReads in = input_reads<scalar_t>(p);
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  scalar_t* sQ = reinterpret_cast<scalar_t*>(smem);
+  scalar_t* sK = sQ + kBM * kLdK;
+  scalar_t* sV = sK + kBN * kLdK;
+  unsigned char* sMask = reinterpret_cast<unsigned char*>(sV + kBN * kLdV);
+  float* sTable = reinterpret_cast<float*>(sMask + mask_tile_bytes<scalar_t, kBM, kBN>(p.mask_kind));
+  constexpr bool kTableInSmem = Shape::kTableInSmem && kRotary;
+
+  // Tiles past the causal frontier are skipped unless K or V holds a non-finite value, which
+  // PyTorch's math path carries into every row (NaN - inf, and zero weights times inf).
+  const RowRange keys = document_keys(p, b, i0, kBM, kBN);
+  int64_t key_end = keys.end;
+  if (p.is_causal && kv_finite[b * p.kv_heads + hk]) {
+    const int64_t last_row = min(i0 + kBM, p.queries) - 1;
+    key_end = max(int64_t{0}, min(key_end, last_row + p.shard.query_start - p.shard.key_start + 1));
+  }
+  tile_to_smem_async<scalar_t, kBM, kE, kTcThreads>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
+  tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, keys.begin, key_end, E, in.k);
+  if constexpr (kTableInSmem) table_to_smem_async<kBN, kTcThreads>(sTable, p.k_rotary, b, hk, keys.begin, key_end, E);
+  cp_async_commit();
+
+  // m: running maximum of a row; l: this lane's part of its running denominator.
+  float o[kMI][kEv / 8][4] = {}, m[kMI][2], l[kMI][2] = {};
+#pragma unroll
+  for (int mi = 0; mi < kMI; ++mi) m[mi][0] = m[mi][1] = -INFINITY;
+  const DropoutRng rng = device_rng(p);
+
+  for (int64_t j0 = keys.begin; j0 < key_end; j0 += kBN) {
+    __syncthreads();  // every warp is done with the previous V and mask tile
+    if (in.masked) {
+      mask_tile_to_smem<scalar_t, kBM, kBN>(p, sMask, b, h, i0, j0, in.mask_async);
+      cp_async_commit();
+    }
+    tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV, p.v, p.v_strides, b, hk, j0, key_end, Ev, in.v);
+    cp_async_commit();
+    cp_async_wait<1>();  // Q, this K and this mask tile
+    __syncthreads();
+    if constexpr (kRotary) {  // RoPE: Q once, each K tile as it lands
+      if (j0 == keys.begin) {
+        rotate_tile_global<scalar_t, kBM, kTcThreads>(sQ, kLdK, p.q_rotary, b, h, i0, p.queries, E);
+      }
+      if constexpr (kTableInSmem) {
+        rotate_tile_smem<scalar_t, kBN, kTcThreads>(sK, kLdK, sTable, p.k_rotary.interleaved, j0, key_end, E);
+      } else {
+        rotate_tile_global<scalar_t, kBN, kTcThreads>(sK, kLdK, p.k_rotary, b, hk, j0, key_end, E);
+      }
+      __syncthreads();
+    }
+
+    float s[kMI][kNB][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < kE / 16; ++ks) {
+      uint32_t a[kMI][4];
+#pragma unroll
+      for (int mi = 0; mi < kMI; ++mi) load_a<kLdK>(a[mi], sQ, warp * 16 * kMI + 16 * mi, 16 * ks);
+#pragma unroll
+      for (int nb = 0; nb < kNB; nb += 2) {
+        uint32_t bk[4];
+        load_b<kLdK>(bk, sK, 8 * nb, 16 * ks);
+#pragma unroll
+        for (int mi = 0; mi < kMI; ++mi) {
+          mma16816<scalar_t>(s[mi][nb], a[mi], bk[0], bk[1]);
+          mma16816<scalar_t>(s[mi][nb + 1], a[mi], bk[2], bk[3]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with this K
+    if (j0 + kBN < key_end) {
+      tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, j0 + kBN, key_end, E, in.k);
+      if constexpr (kTableInSmem) table_to_smem_async<kBN, kTcThreads>(sTable, p.k_rotary, b, hk, j0 + kBN, key_end, E);
+    }
+    cp_async_commit();
+
+    fragment_scores(p, s, b, row0, j0, tile_on_edge(p, b, row0, 16 * kMI, j0, kBN));
+    if (in.masked) fragment_add_mask<scalar_t, kMI, kNB, kBN>(p, s, sMask, warp * 16 * kMI, 0);
+    uint32_t keep[kMI] = {};
+    if (p.has_dropout) fragment_keep_bits<kMI, kNB>(p, rng, keep, b, h, row0, j0, in.dropout_aligned);
+    // m' = max(m, max_j s_ij);  l' = l 2^(m - m') + sum_j P_ij;  o' = o 2^(m - m') + (P∘M) V
+#pragma unroll
+    for (int mi = 0; mi < kMI; ++mi) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float row_max = -INFINITY;
+#pragma unroll
+        for (int nb = 0; nb < kNB; ++nb) row_max = max_nan(row_max, max_nan(s[mi][nb][2 * r], s[mi][nb][2 * r + 1]));
+        const float m_next = max_nan(m[mi][r], max4(row_max));
+        const float m_safe = m_next == -INFINITY ? 0.0f : m_next;  // no key yet: keep P finite
+        const float rescale = exp2_ftz(m[mi][r] - m_safe);
+        m[mi][r] = m_next;
+        float sum = 0;
+#pragma unroll
+        for (int nb = 0; nb < kNB; ++nb) {
+#pragma unroll
+          for (int e = 2 * r; e < 2 * r + 2; ++e) {
+            s[mi][nb][e] = exp2_ftz(s[mi][nb][e] - m_safe);
+            sum += s[mi][nb][e];
+            if (p.has_dropout && !((keep[mi] >> (4 * nb + e)) & 1)) s[mi][nb][e] = 0.0f;
+          }
+        }
+        l[mi][r] = l[mi][r] * rescale + sum;
+#pragma unroll
+        for (int c = 0; c < kEv / 8; ++c) o[mi][c][2 * r] *= rescale, o[mi][c][2 * r + 1] *= rescale;
+      }
+    }
+
+    cp_async_wait<1>();  // this V
+    __syncthreads();
+    // Zero weights still multiply V: NaN/inf in V reach the row, as in PyTorch's math path.
+    // "exact" adds the product of P's rounding error, so that P reaches V at float32 accuracy.
+    probabilities_times_v<scalar_t, kMI, kNB, kEv, kLdV, kSplit>(o, s, sV);
+  }
+  cp_async_wait<0>();
+
+  // o_i = acc_i / l_i (a row with no keys keeps acc: zeros, or NaN from V);  lse_i = m_i + log l_i
+  const int t = lane % 4;
+  const float kept = p.has_dropout ? static_cast<float>(p.rng.keep_scale) : 1.0f;
+#pragma unroll
+  for (int mi = 0; mi < kMI; ++mi) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t i = row0 + 16 * mi + lane / 4 + 8 * r;
+      const float total = sum4(l[mi][r]);
+      if (i >= p.queries) continue;
+      const float m_safe = m[mi][r] == -INFINITY ? 0.0f : m[mi][r];
+      if (t == 0) lse[(b * p.heads + h) * p.queries + i] = m_safe / kTcUnit + logf(total);
+      const float denominator = total > 0 ? total : 1.0f;
+      const float factor = kSplit ? kept / denominator : kept * (1.0f / denominator);
+      scalar_t* row = out + ((b * p.heads + h) * p.queries + i) * Ev;
+#pragma unroll
+      for (int c = 0; c < kEv / 8; ++c) {
+        store_pair(row, 8 * c + 2 * t, Ev, o[mi][c][2 * r] * factor, o[mi][c][2 * r + 1] * factor);
+      }
+    }
+  }
+}
+
+}  // namespace tc_forward
+
+template <typename scalar_t>
+void launch_forward_tc(const AttentionParams& p, scalar_t* out, float* lse, const bool* kv_finite) {
+  using namespace tc_forward;
+  dispatch_tc_dims(p.head_dim, p.value_dim, [&](auto e, auto ev) {
+    dispatch_flag(p.rotary(), [&](auto rotary) {
+      dispatch_flag(p.numerics == Numerics::kExact, [&](auto split) {
+        constexpr int kE = decltype(e)::value, kEv = decltype(ev)::value;
+        using Shape = ForwardShape<kE, kEv>;
+        launch_threads(attention_forward_tc_kernel<scalar_t, kE, kEv, decltype(rotary)::value, decltype(split)::value>,
+                       tile_grid(p.queries, Shape::kBM, p.heads, p.batch), kTcThreads,
+                       Shape::kSmem + mask_tile_bytes<scalar_t, Shape::kBM, Shape::kBN>(p.mask_kind) +
+                           (Shape::kTableInSmem && p.rotary() ? Shape::kTableBytes : 0),
+                       p, out, lse, kv_finite);
+      });
+    });
+  });
+}
+
+}  // namespace rudnn::cuda
