@@ -1,7 +1,7 @@
 """Benchmark rudnn against each PyTorch SDPA backend on the same inputs, in one run.
 
     python benchmarks/bench_attention.py [--device cpu|cuda] [--sets issue,sweep,fallback]
-        [--json results.json] [--png plot.png]
+        [--cases E128,E256] [--impls rudnn,flash] [--modes fwd] [--json results.json] [--png plot.png]
     python benchmarks/bench_attention.py --plot-only results.json --png plot.png
 
 Prints a markdown table (time, TFLOP/s, peak memory, rudnn's speed-up over each backend) with the
@@ -82,6 +82,10 @@ def main():
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--sets", default="issue,sweep,fallback", help="CUDA case sets: " + ", ".join(CUDA_SETS))
+    parser.add_argument("--cases", help="only the cases whose name holds one of these comma-separated strings")
+    parser.add_argument("--impls", help="only these implementations, comma-separated: rudnn, flash, efficient, "
+                        "cudnn, math (default: all of the device's)")
+    parser.add_argument("--modes", default="fwd,fwd+bwd", help="fwd, fwd+bwd or both")
     parser.add_argument("--png", help="plot TFLOP/s here (needs matplotlib)")
     parser.add_argument("--plot-only", metavar="JSON", help="plot the results of an earlier --json run, run nothing")
     args = parser.parse_args()
@@ -94,7 +98,13 @@ def main():
         cases = [c for name in args.sets.split(",") for c in CUDA_SETS[name]]
     else:
         cases = CPU_CASES
-    results = benchmark.run(cases, args.device, repeats=args.repeats)
+    if args.cases:
+        cases = [c for c in cases if any(part in c.name for part in args.cases.split(","))]
+    impls = None
+    if args.impls:
+        impls = [name if name == "rudnn" else f"torch {name}" for name in args.impls.split(",")]
+    modes = [{"fwd": False, "fwd+bwd": True}[mode] for mode in args.modes.split(",")]
+    results = benchmark.run(cases, args.device, backward_modes=modes, repeats=args.repeats, impls=impls)
     benchmark.report(args.device, f"median of {args.repeats} runs", benchmark.table(results),
                      [dataclasses.asdict(r) for r in results], args.json)
     if args.png:

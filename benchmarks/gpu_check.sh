@@ -4,7 +4,8 @@
 #   tests     the whole test suite's CUDA half (device-parametrised tests, test_cuda.py, test_tensor_cores.py)
 #             and the error-message tests (the machine's own build of the host code)
 #   sanitize  compute-sanitizer memcheck and racecheck on a small grid of shapes
-#   bench     benchmarks/bench_attention.py on the GPU, JSON into $OUT
+#   bench     benchmarks/bench_attention.py on the GPU, JSON into $OUT; BENCH_SETS picks the case sets,
+#             BENCH_ARGS adds options (a quick look: BENCH_ARGS="--impls rudnn,flash --modes fwd")
 #   documents benchmarks/bench_documents.py: packed documents, 64k-256k tokens, JSON into $OUT
 #   rotary    benchmarks/bench_rotary.py: fused RoPE against RoPE first, JSON into $OUT
 #   long      L = S = 65536, E = 64, bf16, causal, forward and backward: time and peak memory
@@ -40,7 +41,8 @@ for step in "$@"; do
         status=$((status | code))
       done ;;
     bench)
-      python3 benchmarks/bench_attention.py --device cuda --sets "${BENCH_SETS:-issue,sweep,fallback}" --json "$OUT/bench.json" 2>/dev/null | tee "$OUT/bench.md" ;;
+      python3 benchmarks/bench_attention.py --device cuda --sets "${BENCH_SETS:-issue,sweep,fallback}" ${BENCH_ARGS:-} \
+        --json "$OUT/bench.json" 2>/dev/null | tee "$OUT/bench.md" ;;
     documents)
       python3 benchmarks/bench_documents.py --json "$OUT/documents.json" 2>&1 | tee "$OUT/documents.md" ;;
     rotary)

@@ -235,8 +235,10 @@ class Progress:
         sys.stderr.flush()
 
 
-def run(cases, device, backward_modes=(False, True), repeats=10, progress=True):
-    impls = implementations(device)
+def run(cases, device, backward_modes=(False, True), repeats=10, progress=True, impls=None):
+    """Every case by every implementation (`impls`: names from implementations(device), default all)
+    in each mode."""
+    impls = {name: fn for name, fn in implementations(device).items() if impls is None or name in impls}
     bar = Progress(len(cases) * len(impls) * len(backward_modes), "benchmark") if progress else None
     results = []
     for case in cases:
