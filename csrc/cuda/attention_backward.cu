@@ -418,17 +418,10 @@ void launch_backward(const AttentionProblem& pb, BackwardTensors& t, const at::T
   // GPU at once. Each band of as many key tiles as query tiles (each step's are distinct) adds to
   // its own dQ sum, L x E per band: memory linear in S.
   const int64_t query_tiles = (p.queries + Cfg::kBN - 1) / Cfg::kBN * p.group();
-  int64_t resident = 0;
-  if (deterministic && !cache && !round_per_head && !p.is_causal && p.key_windows == nullptr &&
-      p.query_windows == nullptr) {
-    int per_sm = 0;
-    if (kv_smem > 48 * 1024) {
-      C10_CUDA_CHECK(cudaFuncSetAttribute(kv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(kv_smem)));
-    }
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kv_kernel, kThreads, kv_smem));
-    resident = static_cast<int64_t>(per_sm) * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  }
+  const int64_t resident = deterministic && !cache && !round_per_head && !p.is_causal && p.key_windows == nullptr &&
+                                   p.query_windows == nullptr
+                               ? resident_blocks(kv_kernel, kThreads, kv_smem)
+                               : 0;
   const bool turns = resident >= key_tiles && key_tiles > 0;
   if (form_delta) {
     t.delta = at::empty({p.batch, p.heads, p.queries}, acc_options);

@@ -37,14 +37,29 @@ inline dim3 tile_grid(int64_t rows, int tile_rows, int64_t heads, int64_t batch)
 
 inline size_t max_shared_memory() { return at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin; }
 
+// Past 48 KB a kernel gets its dynamic shared memory only once its limit is raised.
+template <typename Kernel>
+void allow_shared_memory(Kernel kernel, size_t smem) {
+  if (smem > 48 * 1024) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  }
+}
+
+// How many blocks of the kernel (threads, smem) the whole GPU holds at once.
+template <typename Kernel>
+int64_t resident_blocks(Kernel kernel, int threads, size_t smem) {
+  allow_shared_memory(kernel, smem);
+  int per_sm = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  return static_cast<int64_t>(per_sm) * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+}
+
 template <typename Kernel, typename... Args>
 void launch_threads(Kernel kernel, dim3 grid, int threads, size_t smem, Args... args) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
   TORCH_CHECK(smem <= max_shared_memory(), "rudnn: this kernel needs ", to_string(smem),
               " bytes of shared memory per block, but the device offers ", to_string(max_shared_memory()));
-  if (smem > 48 * 1024) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  }
+  allow_shared_memory(kernel, smem);
   kernel<<<grid, threads, smem, at::cuda::getCurrentCUDAStream()>>>(args...);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
