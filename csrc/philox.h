@@ -25,6 +25,17 @@ RUDNN_HOST_DEVICE uint32_t mulhi32(uint32_t a, uint32_t b) {
 #endif
 }
 
+// a ^ b ^ c: on the device one three-input logic instruction, which ptxas otherwise splits in two.
+RUDNN_HOST_DEVICE uint32_t xor3(uint32_t a, uint32_t b, uint32_t c) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0x96;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+#else
+  return a ^ b ^ c;
+#endif
+}
+
 // Standard Philox4x32-10: counter (c0, c1) = 64-bit `counter`, c2 = c3 = 0,
 // key (k0, k1) = 64-bit `seed`. Counter 0, key 0 gives 6627e8d5 e169c58d bc57ac4c 9b00dbd8.
 RUDNN_HOST_DEVICE Philox4 philox4x32_10(uint64_t counter, uint64_t seed) {
@@ -39,9 +50,9 @@ RUDNN_HOST_DEVICE Philox4 philox4x32_10(uint64_t counter, uint64_t seed) {
   for (int round = 0; round < 10; ++round) {
     const uint32_t hi0 = mulhi32(kM0, c0), lo0 = kM0 * c0;
     const uint32_t hi1 = mulhi32(kM1, c2), lo1 = kM1 * c2;
-    c0 = hi1 ^ c1 ^ k0;
+    c0 = xor3(hi1, c1, k0);
     c1 = lo1;
-    c2 = hi0 ^ c3 ^ k1;
+    c2 = xor3(hi0, c3, k1);
     c3 = lo0;
     k0 += kW0;
     k1 += kW1;
