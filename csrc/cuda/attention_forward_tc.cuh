@@ -27,6 +27,13 @@ struct ForwardShape {
   static constexpr size_t kTableBytes = static_cast<size_t>(kBN) * kE * sizeof(float);
 };
 
+// Blocks per multiprocessor the kernel is compiled for. E = 192, Ev = 128: shared memory holds
+// three, and the plain kernel fits their register share (168) without spilling; left free it took
+// 189 registers, so two.
+constexpr int forward_min_blocks(int e, int ev, bool rotary, bool split) {
+  return e == 192 && ev == 128 && !rotary && !split ? 3 : 1;
+}
+
 // o += P V for a warp's 16 kMI rows, P rounded to 16 bits; with kSplit also (P - round(P)) V.
 template <typename scalar_t, int kMI, int kNB, int kEv, int kLdV, bool kSplit>
 __device__ __forceinline__ void probabilities_times_v(float (&o)[kMI][kEv / 8][4], const float (&s)[kMI][kNB][4],
@@ -60,7 +67,7 @@ __device__ __forceinline__ void probabilities_times_v(float (&o)[kMI][kEv / 8][4
 // flags, so that the kernels without them keep their registers for the fragments (the code of
 // either alone made the E = 128 kernel spill).
 template <typename scalar_t, int kE, int kEv, bool kRotary, bool kSplit>
-__global__ void __launch_bounds__(kTcThreads)
+__global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotary, kSplit))
     attention_forward_tc_kernel(const AttentionParams p, scalar_t* __restrict__ out, float* __restrict__ lse,
                                 const bool* __restrict__ kv_finite) {
   using Shape = ForwardShape<kE, kEv>;
