@@ -5,9 +5,10 @@
 //   dQ kernel: four warps own 32 query rows each (16 for heads wider than 64, whose accumulators
 //   take the registers); K/V tiles of 32 keys (64) are double-buffered.
 //   dK/dV kernel: four warps own 16 keys each; it sweeps every head of the GQA group and every
-//   query tile of 64 rows (double-buffered Q, dO and their rows' statistics), and turns P and dS
-//   into the left operands of P^T dO and dS^T Q with movmatrix transposes. Heads wider than 128
-//   run it twice, for dK and for dV, each accumulator alone in registers.
+//   query tile of 64 rows (double-buffered Q, dO and their rows' statistics), a few 16-row
+//   fragments at a time, and turns P and dS into the left operands of P^T dO and dS^T Q with
+//   movmatrix transposes. Heads wider than 128 run it twice, for dK and for dV, each accumulator
+//   alone in registers.
 // launch_backward_tc is instantiated once per input dtype (attention_backward_tc_bf16.cu,
 // attention_backward_tc_f16.cu), so that the two halves compile in parallel.
 #pragma once
@@ -40,6 +41,10 @@ struct BackwardShape {
   // One tile of each operand the block owns, two of each it streams (row-major 16-bit tiles).
   static constexpr size_t kTileBytes = 2 * static_cast<size_t>(kRowsPerTile) * (kLdK + kLdV);
   static constexpr size_t kSmem = 3 * kTileBytes + 2 * 2 * kRowsPerTile * sizeof(float);
+  // 16-row fragments of a query tile per pass: scores and dS of fewer rows at a time leave the
+  // registers to both accumulators (all four at once spill at head dims 96 and 128). Wider heads hold one
+  // accumulator per launch and take the whole tile: passes would reload K or V for each.
+  static constexpr int kPassFragments = kE <= 64 || kE > 128 ? 4 : 2;
 };
 
 // P (zero where dropout drops) into s and, kWithDs, dS = P (M dP - D) into dp, for a warp's
@@ -138,8 +143,10 @@ __global__ void __launch_bounds__(kTcThreads)
   extern __shared__ __align__(16) unsigned char smem[];
   scalar_t* sQ = reinterpret_cast<scalar_t*>(smem);
   scalar_t* sDO = sQ + kBM * kLdK;
-  scalar_t* sK[2] = {sDO + kBM * kLdV, sDO + kBM * kLdV + kBN * (kLdK + kLdV)};
-  scalar_t* sV[2] = {sK[0] + kBN * kLdK, sK[1] + kBN * kLdK};
+  // Buffer `buf` of the streamed K and V tiles (offsets, not an array of pointers, which would live
+  // in local memory).
+  const auto sK = [=](int buf) { return sDO + kBM * kLdV + buf * kBN * (kLdK + kLdV); };
+  const auto sV = [=](int buf) { return sK(buf) + kBN * kLdK; };
   unsigned char* sMask = smem + Shape::kSmem;
 
   const RowRange keys = document_keys(p, b, i0, kBM, kBN);
@@ -150,8 +157,8 @@ __global__ void __launch_bounds__(kTcThreads)
   }
   tile_to_smem_async<scalar_t, kBM, kE, kTcThreads>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
   tile_to_smem_async<scalar_t, kBM, kEv, kTcThreads>(sDO, a.dout, a.dout_strides, b, h, i0, p.queries, Ev, in.dout);
-  tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK[0], p.k, p.k_strides, b, hk, keys.begin, key_end, E, in.k);
-  tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV[0], p.v, p.v_strides, b, hk, keys.begin, key_end, Ev, in.v);
+  tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK(0), p.k, p.k_strides, b, hk, keys.begin, key_end, E, in.k);
+  tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV(0), p.v, p.v_strides, b, hk, keys.begin, key_end, Ev, in.v);
   cp_async_commit();
 
   float lse[kMI][2], delta[kMI][2];
@@ -174,21 +181,21 @@ __global__ void __launch_bounds__(kTcThreads)
       cp_async_commit();
     }
     if (j0 + kBN < key_end) {
-      tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK[buf ^ 1], p.k, p.k_strides, b, hk, j0 + kBN, key_end, E,
+      tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK(buf ^ 1), p.k, p.k_strides, b, hk, j0 + kBN, key_end, E,
                                                         in.k);
-      tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV[buf ^ 1], p.v, p.v_strides, b, hk, j0 + kBN, key_end, Ev,
+      tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV(buf ^ 1), p.v, p.v_strides, b, hk, j0 + kBN, key_end, Ev,
                                                          in.v);
       if (p.rotary()) prefetch_table_rows<kBN, kTcThreads>(p.k_rotary, b, hk, j0 + kBN, key_end, E);
     }
     cp_async_commit();
     if (p.rotary()) {  // RoPE: Q once, each K tile as it lands
       if (tile == 0) rotate_tile_global<scalar_t, kBM, kTcThreads>(sQ, kLdK, p.q_rotary, b, h, i0, p.queries, E);
-      rotate_tile_global<scalar_t, kBN, kTcThreads>(sK[buf], kLdK, p.k_rotary, b, hk, j0, key_end, E);
+      rotate_tile_global<scalar_t, kBN, kTcThreads>(sK(buf), kLdK, p.k_rotary, b, hk, j0, key_end, E);
       __syncthreads();
     }
     float s[kMI][kNB][4] = {}, dp[kMI][kNB][4] = {};
-    gemm_smem_nt<scalar_t, kMI, kNB, kE, kLdK, kLdK>(s, sQ, 16 * kMI * warp, sK[buf], 0);
-    gemm_smem_nt<scalar_t, kMI, kNB, kEv, kLdV, kLdV>(dp, sDO, 16 * kMI * warp, sV[buf], 0);
+    gemm_smem_nt<scalar_t, kMI, kNB, kE, kLdK, kLdK>(s, sQ, 16 * kMI * warp, sK(buf), 0);
+    gemm_smem_nt<scalar_t, kMI, kNB, kEv, kLdV, kLdV>(dp, sDO, 16 * kMI * warp, sV(buf), 0);
     fragment_scores(p, s, b, row0, j0, tile_on_edge(p, b, row0, 16 * kMI, j0, kBN));
     if (in.masked) {
       cp_async_wait<1>();
@@ -204,7 +211,7 @@ __global__ void __launch_bounds__(kTcThreads)
       uint32_t ds[kMI][4];
 #pragma unroll
       for (int mi = 0; mi < kMI; ++mi) fragment_to_a<scalar_t>(ds[mi], dp[mi], kk, false);
-      mma_a_smem_kn<scalar_t, kMI, kE, kLdK>(acc, ds, sK[buf], kk);
+      mma_a_smem_kn<scalar_t, kMI, kE, kLdK>(acc, ds, sK(buf), kk);
     }
   }
   cp_async_wait<0>();
@@ -263,6 +270,7 @@ __global__ void __launch_bounds__(kTcThreads)
                              scalar_t* __restrict__ dv, float* __restrict__ group_sums) {
   using Shape = BackwardShape<kE, kEv>;
   constexpr int kLdK = Shape::kLdK, kLdV = Shape::kLdV, kBM = kRowsPerTile, kMI = kBM / 16;
+  constexpr int kPI = Shape::kPassFragments;
   const int warp = threadIdx.x / 32;
   const int64_t b = blockIdx.z, hk = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * kRowsPerTile;
   const int64_t kw0 = j0 + 16 * warp, key_rows = (b * p.kv_heads + hk) * p.keys;
@@ -272,8 +280,9 @@ __global__ void __launch_bounds__(kTcThreads)
   extern __shared__ __align__(16) unsigned char smem[];
   scalar_t* sK = reinterpret_cast<scalar_t*>(smem);
   scalar_t* sV = sK + kRowsPerTile * kLdK;
-  scalar_t* sQ[2] = {sV + kRowsPerTile * kLdV, sV + kRowsPerTile * kLdV + kBM * (kLdK + kLdV)};
-  scalar_t* sDO[2] = {sQ[0] + kBM * kLdK, sQ[1] + kBM * kLdK};
+  // Buffer `buf` of the streamed Q and dO tiles.
+  const auto sQ = [=](int buf) { return sV + kRowsPerTile * kLdV + buf * kBM * (kLdK + kLdV); };
+  const auto sDO = [=](int buf) { return sQ(buf) + kBM * kLdK; };
   float* sStats = reinterpret_cast<float*>(sK + 3 * kRowsPerTile * (kLdK + kLdV));  // [2][lse, delta][kBM]
   unsigned char* sMask = smem + Shape::kSmem;
 
@@ -291,8 +300,8 @@ __global__ void __launch_bounds__(kTcThreads)
   const auto load_step = [&](int64_t u) {
     const int buf = static_cast<int>(u % 2);
     const int64_t h = hk * group + u / tiles, i0 = (first_tile + u % tiles) * kBM;
-    tile_to_smem_async<scalar_t, kBM, kE, kTcThreads>(sQ[buf], p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
-    tile_to_smem_async<scalar_t, kBM, kEv, kTcThreads>(sDO[buf], a.dout, a.dout_strides, b, h, i0, p.queries, Ev,
+    tile_to_smem_async<scalar_t, kBM, kE, kTcThreads>(sQ(buf), p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
+    tile_to_smem_async<scalar_t, kBM, kEv, kTcThreads>(sDO(buf), a.dout, a.dout_strides, b, h, i0, p.queries, Ev,
                                                        in.dout);
     if constexpr (kRotary) prefetch_table_rows<kBM, kTcThreads>(p.q_rotary, b, h, i0, p.queries, E);
     const int r = threadIdx.x % kBM;
@@ -328,42 +337,46 @@ __global__ void __launch_bounds__(kTcThreads)
       if (u == 0) {
         rotate_tile_global<scalar_t, kRowsPerTile, kTcThreads>(sK, kLdK, p.k_rotary, b, hk, j0, p.keys, E);
       }
-      rotate_tile_global<scalar_t, kBM, kTcThreads>(sQ[buf], kLdK, p.q_rotary, b, h, i0, p.queries, E);
+      rotate_tile_global<scalar_t, kBM, kTcThreads>(sQ(buf), kLdK, p.q_rotary, b, h, i0, p.queries, E);
       __syncthreads();
     }
 
-    float s[kMI][2][4] = {}, dp[kMI][2][4] = {};
-    gemm_smem_nt<scalar_t, kMI, 2, kE, kLdK, kLdK>(s, sQ[buf], 0, sK, 16 * warp);
-    if constexpr (kWantK) gemm_smem_nt<scalar_t, kMI, 2, kEv, kLdV, kLdV>(dp, sDO[buf], 0, sV, 16 * warp);
-    float lse[kMI][2], delta[kMI][2];
-    const float* stats = sStats + buf * 2 * kBM;
-#pragma unroll
-    for (int mi = 0; mi < kMI; ++mi)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        lse[mi][r] = stats[16 * mi + lane / 4 + 8 * r];
-        delta[mi][r] = stats[kBM + 16 * mi + lane / 4 + 8 * r];
-      }
-    fragment_scores(p, s, b, i0, kw0, tile_on_edge(p, b, i0, kBM, kw0, 16));
     if (in.masked) {
       cp_async_wait<1>();
       __syncthreads();  // the mask tile is in
-      fragment_add_mask<scalar_t, kMI, 2, kRowsPerTile>(p, s, sMask, 0, 16 * warp);
     }
-    uint32_t keep[kMI] = {};
-    if (p.has_dropout) fragment_keep_bits<kMI, 2>(p, rng, keep, b, h, i0, kw0, in.dropout_aligned);
-    fragment_gradients<kWantK>(p, s, dp, lse, delta, keep);
-    // dV_j += sum_i (P∘M)_ij dO_i;  dK_j += sum_i dS_ij Q_i   (k runs over the tile's queries)
+    const float* stats = sStats + buf * 2 * kBM;
+#pragma unroll 1
+    for (int pass = 0; pass < kMI / kPI; ++pass) {
+      const int x0 = 16 * kPI * pass;
+      float s[kPI][2][4] = {}, dp[kPI][2][4] = {};
+      gemm_smem_nt<scalar_t, kPI, 2, kE, kLdK, kLdK>(s, sQ(buf), x0, sK, 16 * warp);
+      if constexpr (kWantK) gemm_smem_nt<scalar_t, kPI, 2, kEv, kLdV, kLdV>(dp, sDO(buf), x0, sV, 16 * warp);
+      float lse[kPI][2], delta[kPI][2];
 #pragma unroll
-    for (int mi = 0; mi < kMI; ++mi) {
-      uint32_t at[1][4];
-      if constexpr (kWantV) {
-        transposed_a<scalar_t>(at[0], s[mi]);
-        mma_a_smem_kn<scalar_t, 1, kEv, kLdV>(acc_v, at, sDO[buf], mi);
-      }
-      if constexpr (kWantK) {
-        transposed_a<scalar_t>(at[0], dp[mi]);
-        mma_a_smem_kn<scalar_t, 1, kE, kLdK>(acc_k, at, sQ[buf], mi);
+      for (int mi = 0; mi < kPI; ++mi)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          lse[mi][r] = stats[x0 + 16 * mi + lane / 4 + 8 * r];
+          delta[mi][r] = stats[kBM + x0 + 16 * mi + lane / 4 + 8 * r];
+        }
+      fragment_scores(p, s, b, i0 + x0, kw0, tile_on_edge(p, b, i0 + x0, 16 * kPI, kw0, 16));
+      if (in.masked) fragment_add_mask<scalar_t, kPI, 2, kRowsPerTile>(p, s, sMask, x0, 16 * warp);
+      uint32_t keep[kPI] = {};
+      if (p.has_dropout) fragment_keep_bits<kPI, 2>(p, rng, keep, b, h, i0 + x0, kw0, in.dropout_aligned);
+      fragment_gradients<kWantK>(p, s, dp, lse, delta, keep);
+      // dV_j += sum_i (P∘M)_ij dO_i;  dK_j += sum_i dS_ij Q_i   (k runs over the pass's queries)
+#pragma unroll
+      for (int mi = 0; mi < kPI; ++mi) {
+        uint32_t at[1][4];
+        if constexpr (kWantV) {
+          transposed_a<scalar_t>(at[0], s[mi]);
+          mma_a_smem_kn<scalar_t, 1, kEv, kLdV>(acc_v, at, sDO(buf), kPI * pass + mi);
+        }
+        if constexpr (kWantK) {
+          transposed_a<scalar_t>(at[0], dp[mi]);
+          mma_a_smem_kn<scalar_t, 1, kE, kLdK>(acc_k, at, sQ(buf), kPI * pass + mi);
+        }
       }
     }
     if (group_sums != nullptr && (u + 1) % tiles == 0) {
