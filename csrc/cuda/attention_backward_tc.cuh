@@ -42,8 +42,8 @@ struct BackwardShape {
   static constexpr size_t kTileBytes = 2 * static_cast<size_t>(kRowsPerTile) * (kLdK + kLdV);
   static constexpr size_t kSmem = 3 * kTileBytes + 2 * 2 * kRowsPerTile * sizeof(float);
   // 16-row fragments of a query tile per pass: scores and dS of fewer rows at a time leave the
-  // registers to both accumulators (all four at once spill at head dims 96 and 128). Wider heads hold one
-  // accumulator per launch and take the whole tile: passes would reload K or V for each.
+  // registers to both accumulators (all four at once spill at head dims 96 and 128). Wider heads
+  // hold one accumulator per launch and take the whole tile: passes would reload K or V for each.
   static constexpr int kPassFragments = kE <= 64 || kE > 128 ? 4 : 2;
 };
 
