@@ -2,6 +2,7 @@
 // Fake (meta) implementations and autograd live in python/rudnn/ops.py.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ExpandUtils.h>
 #include <Python.h>
 #include <torch/library.h>
 
@@ -105,8 +106,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
   at::Tensor dq = at::empty(pb.q.sizes(), query.options());
   at::Tensor dk = at::empty(pb.k.sizes(), key.options());
   at::Tensor dv = at::empty(pb.v.sizes(), value.options());
+  // A mask constant along the keys adds a constant to each row's scores, which the softmax ignores:
+  // its gradient is exactly the LSE's (0 in a row with no keys), summed over the mask's broadcast
+  // dims, whatever the numerics. The kernels' sum of dS over the row would only leave rounding. Not
+  // under a key shard, whose probabilities do not sum to one.
+  const bool row_constant = mask_grad && p.mask_keys == 1 && p.shard.global_keys == p.keys;
   at::Tensor dmask;
-  if (mask_grad) dmask = at::empty(pb.mask.sizes(), query.options().dtype(stats_dtype(query.scalar_type())));
+  if (mask_grad && !row_constant) dmask = at::empty(pb.mask.sizes(), query.options().dtype(stats));
 #ifdef RUDNN_WITH_CUDA
   if (query.is_cuda()) {
     cuda::attention_backward_cuda(pb, grad_out.reshape(values), out.reshape(values), lse.reshape(rows), grad_lse_rows,
@@ -118,6 +124,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
                            dv, dmask);
   }
   at::Tensor dmask_out = at::empty({0}, query.options());
+  if (row_constant) {
+    const at::Tensor g = grad_lse_rows.has_value()
+                             ? at::where(lse.reshape(rows).isneginf(), at::zeros({}, lse.options()), *grad_lse_rows)
+                             : at::zeros(rows, lse.options());
+    dmask = at::sum_to(g.unsqueeze(-1), pb.mask.sizes());
+  }
   if (mask_grad) {
     dmask_out = gradient_to_input(dmask, pb.mask_full, attn_mask->sizes()).to(attn_mask->scalar_type());
   }

@@ -101,6 +101,27 @@ def test_mask_broadcast(device, shape, kind, dtype):
              mask_grad=kind == "float")
 
 
+@pytest.mark.parametrize("shape", ["L,1", "B,1,1,1"])
+def test_mask_constant_along_keys_takes_the_lse_gradient(device, shape):
+    # Such a mask shifts each row's scores: the output ignores it and the LSE follows it, so its
+    # gradient is the LSE's, summed over the broadcast dims (0 in rows it masks out).
+    import reference as ref
+    q, k, v = (torch.randn(B, H, n, 16, dtype=torch.float64) for n in (L, S, S))
+    mask = torch.randn(MASK_SHAPES[shape], dtype=torch.float64)
+    mask.view(-1)[0] = -math.inf
+    leaves = [t.to(device).requires_grad_() for t in (q, k, v, mask)]
+    out, lse = rudnn.scaled_dot_product_attention(*leaves[:3], attn_mask=leaves[3], return_lse=True)
+    grad_out, grad_lse = torch.randn_like(out), torch.randn_like(lse)
+    dmask = torch.autograd.grad((out, lse), leaves[3], (grad_out, grad_lse))[0].cpu()
+    r_mask = mask.clone().requires_grad_()
+    r_out, r_lse = ref.attention(q, k, v, r_mask)
+    live = r_lse.isfinite()
+    expected = torch.autograd.grad((r_out, r_lse[live]), r_mask, (grad_out.cpu(), grad_lse.cpu()[live]))[0]
+    # The masked-out row: the reference's logsumexp backward gives NaN there (-inf - -inf).
+    assert dmask.view(-1)[0] == 0 and dmask.view(-1)[1:].abs().min() > 0
+    ref.assert_close(dmask.view(-1)[1:], expected.view(-1)[1:], torch.float64, what="dmask")
+
+
 @pytest.mark.parametrize("view", ["expanded", "strided", "transposed"])
 @pytest.mark.parametrize("kind", ["bool", "float"])
 def test_mask_views(device, view, kind):
