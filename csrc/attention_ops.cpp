@@ -178,8 +178,13 @@ std::vector<std::string> explain(const at::Tensor& query, const at::Tensor& key,
   const AttentionProblem pb = make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                                            numerics, {-1, 0, -1, 0, -1, 0});
   std::string backward = explain_backward(pb);
-  if (query.is_cuda() && (pb.params.mask_kind == MaskKind::kFloat || pb.params.mask_kind == MaskKind::kFloat32)) {
-    backward += "; the float mask's gradient, where asked for, by its CUDA-core kernel";
+  const bool float_mask = pb.params.mask_kind == MaskKind::kFloat || pb.params.mask_kind == MaskKind::kFloat32;
+  if (float_mask && pb.params.mask_keys == 1) {
+    backward += "; the float mask's gradient, where asked for, is the LSE's (the mask is constant along the keys)";
+  } else if (query.is_cuda() && float_mask) {
+    const bool tensor_cores = backward_kernels(pb).tensor_cores;
+    backward += std::string("; the float mask's gradient, where asked for, by its ") +
+                (tensor_cores ? "tensor-core kernel (CUDA-core with fused RoPE)" : "CUDA-core kernel");
   }
   return {explain_forward(pb), backward};
 }

@@ -110,6 +110,7 @@ def test_mask_constant_along_keys_takes_the_lse_gradient(device, shape):
     mask = torch.randn(MASK_SHAPES[shape], dtype=torch.float64)
     mask.view(-1)[0] = -math.inf
     leaves = [t.to(device).requires_grad_() for t in (q, k, v, mask)]
+    assert "is the LSE's" in rudnn.explain(*leaves[:3], attn_mask=leaves[3]).backward
     out, lse = rudnn.scaled_dot_product_attention(*leaves[:3], attn_mask=leaves[3], return_lse=True)
     grad_out, grad_lse = torch.randn_like(out), torch.randn_like(lse)
     dmask = torch.autograd.grad((out, lse), leaves[3], (grad_out, grad_lse))[0].cpu()

@@ -24,7 +24,8 @@ def test_explain_picks_tensor_cores():
     assert e.backward.startswith("tensor-core backward")
     e = rudnn.explain(*_inputs(192, 128), attn_mask=torch.randn(70, 90, device="cuda"))
     assert e.forward.startswith("tensor-core forward") and "float mask" in e.forward
-    assert e.backward.startswith("tensor-core backward") and "float mask's gradient" in e.backward
+    assert e.backward.startswith("tensor-core backward")
+    assert "float mask's gradient, where asked for, by its tensor-core kernel" in e.backward
     assert "at most 256" in rudnn.explain(*_inputs(264)).forward
 
 
@@ -77,6 +78,10 @@ CASES = {
                                   dict(mask=("float32", (2, 2, 70, 200)), mask_grad=True)),
     "float mask grad": ((2, 2, 113, 64), (2, 2, 203, 64), (2, 2, 203, 64),
                         dict(mask=("float", (2, 1, 113, 203)), mask_grad=True)),
+    "float mask grad over heads and keys": ((2, 4, 150, 128), (2, 2, 170, 128), (2, 2, 170, 128),
+                                            dict(mask=("float", (2, 1, 150, 1)), mask_grad=True, enable_gqa=True)),
+    "float mask grad over rows": ((1, 2, 150, 96), (1, 2, 170, 96), (1, 2, 170, 96),
+                                  dict(mask=("float32", (2, 1, 170)), mask_grad=True)),
     "transposed": ((2, 4, 100, 64), (2, 4, 120, 64), (2, 4, 120, 64), dict(kind="transposed", is_causal=True)),
 }
 

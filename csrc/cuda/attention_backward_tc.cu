@@ -1,5 +1,6 @@
 // Host side of the tensor-core backward (kernels in attention_backward_tc.cuh): D from the rounded
-// output, the group sums GQA rounds into, the launches for the input dtype, then the mask gradient.
+// output, the group sums GQA rounds into, the launches for the input dtype, the mask gradient's
+// included.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 
@@ -18,11 +19,15 @@ void attention_backward_tc(const AttentionProblem& pb, BackwardTensors& t, const
   const at::Tensor group_sums = p.group() > 1 ? at::empty({p.batch, p.kv_heads, p.keys, p.head_dim + p.value_dim},
                                                           dq.options().dtype(at::kFloat))
                                               : at::Tensor();
+  // The mask gradient with fused RoPE stays on CUDA cores, whose tile loads rotate Q and K, as does
+  // that of a mask constant along the keys (only under a key shard: mask_gradient_tc.cuh).
+  const bool dmask_tc = dmask.defined() && !p.rotary() && p.mask_keys > 1;
   AT_DISPATCH_REDUCED_FLOATING_TYPES(dq.scalar_type(), "rudnn_attention_backward_tc", [&] {
     launch_backward_tc<scalar_t>(p, a, group_sums.defined() ? group_sums.data_ptr<float>() : nullptr,
                                  dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(), dv.data_ptr<scalar_t>());
+    if (dmask_tc) launch_mask_gradient_tc<scalar_t>(p, a, dmask.data_ptr<float>());
   });
-  if (dmask.defined()) mask_gradient_cuda(pb, t, dmask);
+  if (dmask.defined() && !dmask_tc) mask_gradient_cuda(pb, t, dmask);
 }
 
 }  // namespace rudnn::cuda

@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <string>
+
 #include "../attention_problem.h"
 #include "tile.cuh"
 
@@ -84,7 +86,24 @@ template <typename scalar_t>
 void launch_backward_tc(const AttentionParams& p, const BackwardArgs<float>& a, float* group_sums, scalar_t* dq,
                         scalar_t* dk, scalar_t* dv);
 
-// dMask (the canonical mask's shape, compute type) from D and the saved statistics.
+// dMask (the canonical mask's shape, compute type) from D and the saved statistics, on CUDA cores.
 void mask_gradient_cuda(const AttentionProblem& pb, const BackwardTensors& t, const at::Tensor& dmask);
+
+// The same on the tensor cores for one input dtype (mask_gradient_tc.cuh; no fused RoPE), dmask
+// float32.
+template <typename scalar_t>
+void launch_mask_gradient_tc(const AttentionParams& p, const BackwardArgs<float>& a, float* dmask);
+
+// Both mask-gradient kernels' grid: blocks own tile_rows x tile_keys pieces of the mask's rows and
+// keys (one along a broadcast dim), blockIdx.z the mask's (batch, head).
+inline dim3 mask_gradient_grid(const AttentionParams& p, int tile_rows, int tile_keys) {
+  const int64_t key_tiles = p.mask_keys == 1 ? 1 : (p.keys + tile_keys - 1) / tile_keys;
+  const int64_t row_tiles = p.mask_queries == 1 ? 1 : (p.queries + tile_rows - 1) / tile_rows;
+  TORCH_CHECK(row_tiles <= 65535 && p.mask_batch * p.mask_heads <= 65535, "rudnn's CUDA mask gradient takes at most ",
+              std::to_string(65535 * tile_rows), " queries and 65535 mask (batch x heads), but got ",
+              std::to_string(p.queries), " and ", std::to_string(p.mask_batch * p.mask_heads));
+  return dim3(static_cast<unsigned>(key_tiles), static_cast<unsigned>(row_tiles),
+              static_cast<unsigned>(p.mask_batch * p.mask_heads));
+}
 
 }  // namespace rudnn::cuda

@@ -121,15 +121,9 @@ __global__ void __launch_bounds__(kThreads)
 template <typename scalar_t, typename Cfg>
 void launch_mask_gradient(const AttentionParams& p, const BackwardTensors& t, const at::Tensor& dmask) {
   using acc_t = typename Compute<scalar_t>::type;
-  const int64_t key_tiles = p.mask_keys == 1 ? 1 : (p.keys + Cfg::kBN - 1) / Cfg::kBN;
-  const int64_t row_tiles = p.mask_queries == 1 ? 1 : (p.queries + Cfg::kBM - 1) / Cfg::kBM;
-  TORCH_CHECK(row_tiles <= 65535 && p.mask_batch * p.mask_heads <= 65535, "rudnn's CUDA mask gradient takes at most ",
-              to_string(65535 * Cfg::kBM), " queries and 65535 mask (batch x heads), but got ", to_string(p.queries),
-              " and ", to_string(p.mask_batch * p.mask_heads));
-  const dim3 grid(static_cast<unsigned>(key_tiles), static_cast<unsigned>(row_tiles),
-                  static_cast<unsigned>(p.mask_batch * p.mask_heads));
   const size_t smem = sizeof(acc_t) * (2 * (Cfg::kBM + Cfg::kBN) * Cfg::kLd + kThreadGrid * Cfg::kBN);
-  launch(attention_dmask_kernel<scalar_t, Cfg>, grid, smem, p, backward_args<acc_t>(t), dmask.data_ptr<acc_t>());
+  launch(attention_dmask_kernel<scalar_t, Cfg>, mask_gradient_grid(p, Cfg::kBM, Cfg::kBN), smem, p,
+         backward_args<acc_t>(t), dmask.data_ptr<acc_t>());
 }
 
 }  // namespace
