@@ -56,10 +56,13 @@ def extension():
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", default_cuda_arch())
         # Host files that include ATen's CUDA headers need the library headers as well.
         pip_includes = [f for d in pip_cuda_include_dirs() for f in ("-isystem", d)]
+        # The wgmma forward (csrc/cuda/wgmma.cuh) exists only in builds for sm_90a.
+        archs = os.environ["TORCH_CUDA_ARCH_LIST"].replace(" ", ";").split(";")
+        wgmma = any(arch.startswith("9.0a") for arch in archs)
         return CUDAExtension(
             "rudnn._C",
             sources + cuda_sources,
-            define_macros=[("RUDNN_WITH_CUDA", None)],
+            define_macros=[("RUDNN_WITH_CUDA", None)] + ([("RUDNN_WGMMA", None)] if wgmma else []),
             extra_compile_args={"cxx": cxx + pip_includes, "nvcc": ["-O3", "-lineinfo"] + pip_includes},
         )
     return CppExtension("rudnn._C", sources, extra_compile_args={"cxx": cxx})

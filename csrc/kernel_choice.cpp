@@ -82,6 +82,20 @@ KernelChoice forward_kernels(const AttentionProblem& pb) {
   return {obstacle.empty(), std::move(obstacle)};
 }
 
+bool forward_uses_wgmma(const AttentionProblem& pb) {
+#if defined(RUDNN_WITH_CUDA) && defined(RUDNN_WGMMA)
+  const AttentionParams& p = pb.params;
+  if (const char* env = std::getenv("RUDNN_DISABLE_WGMMA"); env != nullptr && std::strcmp(env, "1") == 0) return false;
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(pb.q.device().index());
+  // dispatch_tc_dims' buckets of whole panels: 64 (widths 33-64), 128, 192 and 256 (widths above 96).
+  const int64_t width = std::max(p.head_dim, p.value_dim);
+  return prop->major == 9 && prop->minor == 0 && !p.rotary() && ((width > 32 && width <= 64) || width > 96);
+#else
+  (void)pb;
+  return false;
+#endif
+}
+
 KernelChoice backward_kernels(const AttentionProblem& pb) {
   KernelChoice choice = forward_kernels(pb);
   if (choice.tensor_cores && pb.params.numerics == Numerics::kExact) {
@@ -91,7 +105,11 @@ KernelChoice backward_kernels(const AttentionProblem& pb) {
 }
 
 std::string explain_forward(const AttentionProblem& pb) {
-  return explanation(pb, forward_kernels(pb), "tensor-core forward (mma.sync)", "CUDA-core forward");
+  const KernelChoice choice = forward_kernels(pb);
+  return explanation(pb, choice,
+                     choice.tensor_cores && forward_uses_wgmma(pb) ? "tensor-core forward (wgmma)"
+                                                                   : "tensor-core forward (mma.sync)",
+                     "CUDA-core forward");
 }
 
 std::string explain_backward(const AttentionProblem& pb) {

@@ -41,6 +41,26 @@ def test_explain_says_why_not():
     assert rudnn.explain(*(t.cpu() for t in (q, k, v))).forward.startswith("CPU kernels")
 
 
+def test_explain_names_the_forward_products(monkeypatch):
+    # sm_90a builds (setup.py's default on an H100/H200) take the forward's products by wgmma where
+    # the head-dim bucket is whole 64-column panels (fused RoPE stays on mma.sync).
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    assert ("(wgmma)" in rudnn.explain(*_inputs(128)).forward) == hopper
+    assert ("(wgmma)" in rudnn.explain(*_inputs(192, 128)).forward) == hopper
+    assert "(mma.sync)" in rudnn.explain(*_inputs(80)).forward
+    assert "(mma.sync)" in rudnn.explain(*_inputs(32)).forward
+    monkeypatch.setenv("RUDNN_DISABLE_WGMMA", "1")
+    assert "(mma.sync)" in rudnn.explain(*_inputs(128)).forward
+
+
+@pytest.fixture(params=["default", "mma.sync"])
+def forward_products(request, monkeypatch):
+    """Runs a test with the forward's default products and again with RUDNN_DISABLE_WGMMA=1."""
+    if request.param == "mma.sync":
+        monkeypatch.setenv("RUDNN_DISABLE_WGMMA", "1")
+    return request.param
+
+
 def test_explain_follows_the_switch(monkeypatch):
     monkeypatch.setenv("RUDNN_DISABLE_TENSOR_CORES", "1")
     e = rudnn.explain(*_inputs(64))
@@ -88,7 +108,7 @@ CASES = {
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("name", list(CASES))
-def test_tensor_core_cases(dtype, name):
+def test_tensor_core_cases(dtype, name, forward_products):
     q_shape, k_shape, v_shape, kwargs = CASES[name]
     kwargs = dict(kwargs)
     if "mask" in kwargs:
@@ -104,7 +124,7 @@ def test_tensor_core_cases(dtype, name):
 # lanes share blocks. One case adds a bool mask to the dropout.
 @pytest.mark.parametrize("gqa,S,extra", [(False, 170, False), (True, 170, False), (False, 160, False),
                                          (True, 256, True)])
-def test_tensor_core_dropout(gqa, S, extra):
+def test_tensor_core_dropout(gqa, S, extra, forward_products):
     B, H, L, E, p, seed, offset = 2, 4, 150, 64, 0.2, 1234, 77
     hk = 2 if gqa else H
     kwargs = dict(attn_mask=torch.rand(L, S) > 0.2) if extra else {}

@@ -4,6 +4,7 @@
 #include <ATen/Dispatch.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include "../kernel_choice.h"
 #include "../kernels.h"
 #include "launch.cuh"
 #include "tensor_core.cuh"
@@ -14,7 +15,7 @@ void attention_forward_tc(const AttentionProblem& pb, const at::Tensor& out, con
   const c10::cuda::CUDAGuard guard(out.device());
   const at::Tensor kv_finite = keys_values_finite(pb);
   AT_DISPATCH_REDUCED_FLOATING_TYPES(out.scalar_type(), "rudnn_attention_forward_tc", [&] {
-    launch_forward_tc<scalar_t>(pb.params, out.data_ptr<scalar_t>(), lse.data_ptr<float>(),
+    launch_forward_tc<scalar_t>(pb.params, forward_uses_wgmma(pb), out.data_ptr<scalar_t>(), lse.data_ptr<float>(),
                                 kv_finite.defined() ? kv_finite.const_data_ptr<bool>() : nullptr);
   });
 }

@@ -11,16 +11,26 @@
 #include "launch.cuh"
 #include "rotary.cuh"
 #include "tensor_core.cuh"
+#include "wgmma.cuh"
 
 namespace rudnn::cuda {
 namespace tc_forward {
 
-template <int kE, int kEv>
+// kWgmma: the products by wgmma (wgmma.cuh), the block's four warps one warp group of 64 rows, the
+// tiles in swizzled panels (whole panels: head-dim buckets of 64, 128, 192 and 256).
+template <int kE, int kEv, bool kWgmma = false>
 struct ForwardShape {
-  static constexpr int kMI = kE <= 128 ? 2 : 1;  // 16-row fragments per warp; wide heads need the registers
+  // 16-row fragments per warp: mma.sync reads each K/V fragment for two where the registers allow.
+  static constexpr int kMI = kE <= 128 && !kWgmma ? 2 : 1;
   static constexpr int kBM = 16 * kMI * kTcWarps, kBN = 64, kNB = kBN / 8;
-  static constexpr int kLdK = tc_ld<kE>(), kLdV = tc_ld<kEv>();
-  static constexpr size_t kSmem = 2 * (static_cast<size_t>(kBM + kBN) * kLdK + static_cast<size_t>(kBN) * kLdV);
+  static constexpr int kLdK = kWgmma ? kE : tc_ld<kE>(), kLdV = kWgmma ? kEv : tc_ld<kEv>();
+  using LayoutQ = std::conditional_t<kWgmma, SwizzledTile<kBM>, PaddedTile<kE>>;
+  using LayoutK = std::conditional_t<kWgmma, SwizzledTile<kBN>, PaddedTile<kE>>;
+  using LayoutV = std::conditional_t<kWgmma, SwizzledTile<kBN>, PaddedTile<kEv>>;
+  static constexpr size_t kAlign = kWgmma ? 1024 : 0;  // slack to align the panels (wgmma.cuh)
+  static constexpr size_t kSmem =
+      2 * (static_cast<size_t>(kBM + kBN) * kLdK + static_cast<size_t>(kBN) * kLdV) + kAlign;
+  static_assert(!kWgmma || (kE % 64 == 0 && kEv % 64 == 0), "wgmma tiles are whole 64-column panels");
   // RoPE: each K tile's table rows come by cp.async with the tile, where they fit beside two blocks
   // per multiprocessor; wider heads read them from global memory as they turn the tile.
   static constexpr bool kTableInSmem = kE <= 128;
@@ -29,9 +39,33 @@ struct ForwardShape {
 
 // Blocks per multiprocessor the kernel is compiled for. E = 192, Ev = 128: shared memory holds
 // three, and the plain kernel fits their register share (168) without spilling; left free it took
-// 189 registers, so two.
-constexpr int forward_min_blocks(int e, int ev, bool rotary, bool split) {
+// 189 registers, so two. The wgmma kernels (one warp group of 64 rows) fit four blocks' share at
+// head dim 64 (128 registers) and three at 128 (163; 200 left free) without spilling.
+constexpr int forward_min_blocks(int e, int ev, bool rotary, bool split, bool wgmma) {
+  if (wgmma && e <= 128) return e <= 64 ? 4 : 3;
   return e == 192 && ev == 128 && !rotary && !split ? 3 : 1;
+}
+
+// s = Q K^T for a warp's 16 kMI rows of the Q tile by the kNB 8-key blocks of the K tile.
+template <typename scalar_t, int kMI, int kNB, int kE, int kLdK>
+__device__ __forceinline__ void queries_times_keys(float (&s)[kMI][kNB][4], const scalar_t* sQ, const scalar_t* sK) {
+  const int warp = threadIdx.x / 32;
+#pragma unroll
+  for (int ks = 0; ks < kE / 16; ++ks) {
+    uint32_t a[kMI][4];
+#pragma unroll
+    for (int mi = 0; mi < kMI; ++mi) load_a<kLdK>(a[mi], sQ, warp * 16 * kMI + 16 * mi, 16 * ks);
+#pragma unroll
+    for (int nb = 0; nb < kNB; nb += 2) {
+      uint32_t bk[4];
+      load_b<kLdK>(bk, sK, 8 * nb, 16 * ks);
+#pragma unroll
+      for (int mi = 0; mi < kMI; ++mi) {
+        mma16816<scalar_t>(s[mi][nb], a[mi], bk[0], bk[1]);
+        mma16816<scalar_t>(s[mi][nb + 1], a[mi], bk[2], bk[3]);
+      }
+    }
+  }
 }
 
 // o += P V for a warp's 16 kMI rows, P rounded to 16 bits; with kSplit also (P - round(P)) V.
@@ -65,12 +99,16 @@ __device__ __forceinline__ void probabilities_times_v(float (&o)[kMI][kEv / 8][4
 
 // kRotary: RoPE fused (p.rotary()); kSplit: "exact" numerics (P V's split products). Template
 // flags, so that the kernels without them keep their registers for the fragments (the code of
-// either alone made the E = 128 kernel spill).
-template <typename scalar_t, int kE, int kEv, bool kRotary, bool kSplit>
-__global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotary, kSplit))
+// either alone made the E = 128 kernel spill). kWgmma: ForwardShape's; RoPE turns padded tiles only.
+template <typename scalar_t, int kE, int kEv, bool kRotary, bool kSplit, bool kWgmma>
+__global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotary, kSplit, kWgmma))
     attention_forward_tc_kernel(const AttentionParams p, scalar_t* __restrict__ out, float* __restrict__ lse,
                                 const bool* __restrict__ kv_finite) {
-  using Shape = ForwardShape<kE, kEv>;
+  static_assert(!(kWgmma && kRotary), "fused RoPE runs on the mma.sync products");
+  using Shape = ForwardShape<kE, kEv, kWgmma>;
+  using LayoutQ = typename Shape::LayoutQ;
+  using LayoutK = typename Shape::LayoutK;
+  using LayoutV = typename Shape::LayoutV;
   constexpr int kMI = Shape::kMI, kBM = Shape::kBM, kBN = Shape::kBN, kNB = Shape::kNB;
   constexpr int kLdK = Shape::kLdK, kLdV = Shape::kLdV;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -81,7 +119,9 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
   const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
   const InputReads in = input_reads<scalar_t>(p);
 
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(16) unsigned char smem_base[];
+  unsigned char* smem = smem_base;
+  if constexpr (kWgmma) smem += (Shape::kAlign - smem_address(smem_base) % Shape::kAlign) % Shape::kAlign;
   scalar_t* sQ = reinterpret_cast<scalar_t*>(smem);
   scalar_t* sK = sQ + kBM * kLdK;
   scalar_t* sV = sK + kBN * kLdK;
@@ -97,8 +137,9 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
     const int64_t last_row = min(i0 + kBM, p.queries) - 1;
     key_end = max(int64_t{0}, min(key_end, last_row + p.shard.query_start - p.shard.key_start + 1));
   }
-  tile_to_smem_async<scalar_t, kBM, kE, kTcThreads>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
-  tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, keys.begin, key_end, E, in.k);
+  tile_to_smem_async<scalar_t, kBM, kE, kTcThreads, LayoutQ>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
+  tile_to_smem_async<scalar_t, kBN, kE, kTcThreads, LayoutK>(sK, p.k, p.k_strides, b, hk, keys.begin, key_end, E,
+                                                             in.k);
   if constexpr (kTableInSmem) table_to_smem_async<kBN, kTcThreads>(sTable, p.k_rotary, b, hk, keys.begin, key_end, E);
   cp_async_commit();
 
@@ -114,9 +155,10 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
       mask_tile_to_smem<scalar_t, kBM, kBN>(p, sMask, b, h, i0, j0, in.mask_async);
       cp_async_commit();
     }
-    tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads>(sV, p.v, p.v_strides, b, hk, j0, key_end, Ev, in.v);
+    tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads, LayoutV>(sV, p.v, p.v_strides, b, hk, j0, key_end, Ev, in.v);
     cp_async_commit();
     cp_async_wait<1>();  // Q, this K and this mask tile
+    if constexpr (kWgmma) fence_async_shared();
     __syncthreads();
     if constexpr (kRotary) {  // RoPE: Q once, each K tile as it lands
       if (j0 == keys.begin) {
@@ -131,25 +173,15 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
     }
 
     float s[kMI][kNB][4] = {};
-#pragma unroll
-    for (int ks = 0; ks < kE / 16; ++ks) {
-      uint32_t a[kMI][4];
-#pragma unroll
-      for (int mi = 0; mi < kMI; ++mi) load_a<kLdK>(a[mi], sQ, warp * 16 * kMI + 16 * mi, 16 * ks);
-#pragma unroll
-      for (int nb = 0; nb < kNB; nb += 2) {
-        uint32_t bk[4];
-        load_b<kLdK>(bk, sK, 8 * nb, 16 * ks);
-#pragma unroll
-        for (int mi = 0; mi < kMI; ++mi) {
-          mma16816<scalar_t>(s[mi][nb], a[mi], bk[0], bk[1]);
-          mma16816<scalar_t>(s[mi][nb + 1], a[mi], bk[2], bk[3]);
-        }
-      }
+    if constexpr (kWgmma) {
+      wgmma_scores<scalar_t, kBM, kBN, kE>(s[0], sQ, sK);
+    } else {
+      queries_times_keys<scalar_t, kMI, kNB, kE, kLdK>(s, sQ, sK);
     }
     __syncthreads();  // every warp is done with this K
     if (j0 + kBN < key_end) {
-      tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, j0 + kBN, key_end, E, in.k);
+      tile_to_smem_async<scalar_t, kBN, kE, kTcThreads, LayoutK>(sK, p.k, p.k_strides, b, hk, j0 + kBN, key_end, E,
+                                                                 in.k);
       if constexpr (kTableInSmem) table_to_smem_async<kBN, kTcThreads>(sTable, p.k_rotary, b, hk, j0 + kBN, key_end, E);
     }
     cp_async_commit();
@@ -187,10 +219,15 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
     }
 
     cp_async_wait<1>();  // this V
+    if constexpr (kWgmma) fence_async_shared();
     __syncthreads();
     // Zero weights still multiply V: NaN/inf in V reach the row, as in PyTorch's math path.
     // "exact" adds the product of P's rounding error, so that P reaches V at float32 accuracy.
-    probabilities_times_v<scalar_t, kMI, kNB, kEv, kLdV, kSplit>(o, s, sV);
+    if constexpr (kWgmma) {
+      wgmma_probabilities_times_v<scalar_t, kBN, kEv, kSplit>(o[0], s[0], sV);
+    } else {
+      probabilities_times_v<scalar_t, kMI, kNB, kEv, kLdV, kSplit>(o, s, sV);
+    }
   }
   cp_async_wait<0>();
 
@@ -220,18 +257,28 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
 }  // namespace tc_forward
 
 template <typename scalar_t>
-void launch_forward_tc(const AttentionParams& p, scalar_t* out, float* lse, const bool* kv_finite) {
+void launch_forward_tc(const AttentionParams& p, bool wgmma, scalar_t* out, float* lse, const bool* kv_finite) {
   using namespace tc_forward;
   dispatch_tc_dims(p.head_dim, p.value_dim, [&](auto e, auto ev) {
     dispatch_flag(p.rotary(), [&](auto rotary) {
       dispatch_flag(p.numerics == Numerics::kExact, [&](auto split) {
         constexpr int kE = decltype(e)::value, kEv = decltype(ev)::value;
-        using Shape = ForwardShape<kE, kEv>;
-        launch_threads(attention_forward_tc_kernel<scalar_t, kE, kEv, decltype(rotary)::value, decltype(split)::value>,
-                       tile_grid(p.queries, Shape::kBM, p.heads, p.batch), kTcThreads,
-                       Shape::kSmem + mask_tile_bytes<scalar_t, Shape::kBM, Shape::kBN>(p.mask_kind) +
-                           (Shape::kTableInSmem && p.rotary() ? Shape::kTableBytes : 0),
-                       p, out, lse, kv_finite);
+        constexpr bool kRotary = decltype(rotary)::value, kSplit = decltype(split)::value;
+        const auto launch = [&](auto with_wgmma) {
+          constexpr bool kWgmma = decltype(with_wgmma)::value;
+          using Shape = ForwardShape<kE, kEv, kWgmma>;
+          launch_threads(attention_forward_tc_kernel<scalar_t, kE, kEv, kRotary, kSplit, kWgmma>,
+                         tile_grid(p.queries, Shape::kBM, p.heads, p.batch), kTcThreads,
+                         Shape::kSmem + mask_tile_bytes<scalar_t, Shape::kBM, Shape::kBN>(p.mask_kind) +
+                             (Shape::kTableInSmem && kRotary ? Shape::kTableBytes : 0),
+                         p, out, lse, kv_finite);
+        };
+#ifdef RUDNN_WGMMA
+        if constexpr (kE % 64 == 0 && kEv % 64 == 0 && !kRotary) {
+          if (wgmma) return launch(std::true_type{});
+        }
+#endif
+        launch(std::false_type{});
       });
     });
   });

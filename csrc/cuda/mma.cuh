@@ -24,12 +24,17 @@ template <int kCols>
 constexpr int tc_ld() {
   return kCols + 8;
 }
+template <int kCols>
+struct PaddedTile {
+  __device__ static constexpr int offset(int r, int c) { return r * tc_ld<kCols>() + c; }
+};
 
-// rows [row0, row0 + kRows) x columns [0, kCols) of a canonical tensor into a padded tile;
+// rows [row0, row0 + kRows) x columns [0, kCols) of a canonical tensor into a tile (Layout: padded,
+// or wgmma.cuh's swizzled panels; either keeps 16-byte chunks whole);
 // rows past `rows` and columns past `cols` read as zeros. `async` (rows_in_16_byte_chunks): by cp.async in
 // the caller's next group; where the block's threads cover whole rows, a thread keeps one column
 // chunk and steps down the rows. Otherwise (any head dim, any strides) element by element.
-template <typename scalar_t, int kRows, int kCols, int kThreadCount>
+template <typename scalar_t, int kRows, int kCols, int kThreadCount, typename Layout = PaddedTile<kCols>>
 __device__ __forceinline__ void tile_to_smem_async(scalar_t* tile, const void* base, const Strides4& s, int64_t b,
                                                    int64_t h, int64_t row0, int64_t rows, int cols, bool async) {
   constexpr int kChunks = kCols / 8;
@@ -38,7 +43,7 @@ __device__ __forceinline__ void tile_to_smem_async(scalar_t* tile, const void* b
     for (int idx = threadIdx.x; idx < kRows * kCols; idx += kThreadCount) {
       const int r = idx / kCols, c = idx % kCols;
       const bool valid = row0 + r < rows && c < cols;
-      tile[r * tc_ld<kCols>() + c] = valid ? at_row<scalar_t>(base, s, b, h, row0 + r)[c * s.col] : scalar_t(0);
+      tile[Layout::offset(r, c)] = valid ? at_row<scalar_t>(base, s, b, h, row0 + r)[c * s.col] : scalar_t(0);
     }
   } else if constexpr (kThreadCount % kChunks == 0) {
     constexpr int kStep = kThreadCount / kChunks;
@@ -48,7 +53,7 @@ __device__ __forceinline__ void tile_to_smem_async(scalar_t* tile, const void* b
 #pragma unroll
     for (int r = r0; r < kRows; r += kStep, src += kStep * s.row) {
       const bool valid = column_valid && row0 + r < rows;
-      cp_async16(tile + r * tc_ld<kCols>() + c * 8, valid ? src : static_cast<const scalar_t*>(base), valid ? 16 : 0);
+      cp_async16(tile + Layout::offset(r, c * 8), valid ? src : static_cast<const scalar_t*>(base), valid ? 16 : 0);
     }
   } else {
     for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreadCount) {
@@ -56,7 +61,7 @@ __device__ __forceinline__ void tile_to_smem_async(scalar_t* tile, const void* b
       const bool valid = row0 + r < rows && c * 8 < cols;
       const scalar_t* src =
           valid ? at_row<scalar_t>(base, s, b, h, row0 + r) + c * 8 : static_cast<const scalar_t*>(base);
-      cp_async16(tile + r * tc_ld<kCols>() + c * 8, src, valid ? 16 : 0);
+      cp_async16(tile + Layout::offset(r, c * 8), src, valid ? 16 : 0);
     }
   }
 }

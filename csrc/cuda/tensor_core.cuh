@@ -37,9 +37,10 @@ void dispatch_tc_dims(int64_t E, int64_t Ev, F&& f) {
 }
 
 // The tensor-core forward's launches for one input dtype (attention_forward_tc.cuh, instantiated
-// in attention_forward_tc_bf16.cu and attention_forward_tc_f16.cu); kv_finite: keys_values_finite.
+// in attention_forward_tc_bf16.cu and attention_forward_tc_f16.cu); kv_finite: keys_values_finite;
+// wgmma: the products by wgmma where the head-dim bucket allows (forward_uses_wgmma).
 template <typename scalar_t>
-void launch_forward_tc(const AttentionParams& p, scalar_t* out, float* lse, const bool* kv_finite);
+void launch_forward_tc(const AttentionParams& p, bool wgmma, scalar_t* out, float* lse, const bool* kv_finite);
 
 // The tensor-core kernels keep scores in base 2 (exp2, log2(e) folded into the scale) in both
 // numerics; LSE leaves them in natural units.

@@ -1,0 +1,188 @@
+// Hopper warp-group products (sm_90a wgmma.mma_async) for the tensor-core forward. A warp group is
+// the block's four warps; warp w holds rows 16 w .. 16 w + 15 of the group's 64-row product in
+// mma.cuh's C layout, so the score rules, the softmax and fragment_to_a of the mma.sync kernels
+// apply to its fragments unchanged. Operands in shared memory are read by the tensor cores through
+// matrix descriptors, without ldmatrix: tiles are stored in panels of 64 columns whose 128-byte
+// rows have their 16-byte chunks permuted (the 128-byte swizzle of wgmma's canonical layouts).
+// Compiled only where the build targets sm_90a (RUDNN_WGMMA); the host launches these products
+// only there.
+#pragma once
+
+#include "tensor_core.cuh"
+
+namespace rudnn::cuda {
+
+// Element offset of (r, c) in a tile of kRows rows by 16-bit columns, panel by panel: panel c / 64
+// holds every row's 64 columns, chunk (c / 8) % 8 of row r at chunk position ((c / 8) % 8) ^ (r % 8).
+// Panels start 1024-byte aligned when the tile does (kRows a multiple of 8).
+template <int kRows>
+struct SwizzledTile {
+  __device__ static constexpr int offset(int r, int c) {
+    return c / 64 * (kRows * 64) + r * 64 + ((c / 8 % 8) ^ (r % 8)) * 8 + c % 8;
+  }
+};
+
+// Descriptor of a 128-byte-swizzled operand starting at `start`: `leading` bytes between panels
+// where the operand's 64-column panels run along M/N (V, read transposed), `stride` between groups
+// of 8 rows.
+__device__ __forceinline__ uint64_t wgmma_descriptor(const void* start, uint32_t leading, uint32_t stride) {
+  return (uint64_t{smem_address(start)} & 0x3FFFF) >> 4 | uint64_t{leading >> 4} << 16 |
+         uint64_t{stride >> 4} << 32 | uint64_t{1} << 62;
+}
+
+// Shared-memory writes by the threads (cp.async included) become visible to the tensor cores'
+// asynchronous reads only through this fence, before the barrier that publishes them.
+__device__ __forceinline__ void fence_async_shared() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// Keeps the compiler from moving reads and writes of x across the asynchronous products.
+template <int N>
+__device__ __forceinline__ void fence_fragments(float (&x)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(x[i][e])::"memory");
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The accumulators of one instruction: 8 (n64) or 16 (n128) 8-column blocks of 4 floats per
+// thread, as asm operands and as the instruction's register list.
+#define RUDNN_WGMMA_D8 \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), \
+  "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
+  "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), \
+  "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
+  "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define RUDNN_WGMMA_D16 \
+  RUDNN_WGMMA_D8, "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), \
+  "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), \
+  "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), \
+  "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), \
+  "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+#define RUDNN_WGMMA_R8 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21," \
+  " %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define RUDNN_WGMMA_R16 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21," \
+  " %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41," \
+  " %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61," \
+  " %62, %63}"
+// D (+)= A B with the accumulate predicate taken from operand `scale` (always 1 here: the callers
+// zero their accumulators); `operands`: A, B, scale-d and the immediates (scale-a, scale-b, then
+// transposes).
+#define RUDNN_WGMMA(shape, type, regs, scale, operands)                                                   \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %" #scale ", 0;\nwgmma.mma_async.sync.aligned." shape ".f32." type "." type \
+  " " regs ", " operands ";\n}\n"
+
+// Q K^T: A and B in shared memory, both K-major.
+template <typename scalar_t>
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b) {
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    asm volatile(RUDNN_WGMMA("m64n64k16", "bf16", RUDNN_WGMMA_R8, 34, "%32, %33, p, 1, 1, 0, 0")
+                 : RUDNN_WGMMA_D8
+                 : "l"(desc_a), "l"(desc_b), "r"(1));
+  } else {
+    asm volatile(RUDNN_WGMMA("m64n64k16", "f16", RUDNN_WGMMA_R8, 34, "%32, %33, p, 1, 1, 0, 0")
+                 : RUDNN_WGMMA_D8
+                 : "l"(desc_a), "l"(desc_b), "r"(1));
+  }
+}
+// P V: A in registers (mma.cuh's A fragment), B in shared memory read transposed.
+template <typename scalar_t>
+__device__ __forceinline__ void wgmma_rs_n64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) {
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    asm volatile(RUDNN_WGMMA("m64n64k16", "bf16", RUDNN_WGMMA_R8, 37, "{%32, %33, %34, %35}, %36, p, 1, 1, 1")
+                 : RUDNN_WGMMA_D8
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+  } else {
+    asm volatile(RUDNN_WGMMA("m64n64k16", "f16", RUDNN_WGMMA_R8, 37, "{%32, %33, %34, %35}, %36, p, 1, 1, 1")
+                 : RUDNN_WGMMA_D8
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+  }
+}
+template <typename scalar_t>
+__device__ __forceinline__ void wgmma_rs_n128(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc_b) {
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    asm volatile(RUDNN_WGMMA("m64n128k16", "bf16", RUDNN_WGMMA_R16, 69, "{%64, %65, %66, %67}, %68, p, 1, 1, 1")
+                 : RUDNN_WGMMA_D16
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+  } else {
+    asm volatile(RUDNN_WGMMA("m64n128k16", "f16", RUDNN_WGMMA_R16, 69, "{%64, %65, %66, %67}, %68, p, 1, 1, 1")
+                 : RUDNN_WGMMA_D16
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+  }
+}
+__device__ __forceinline__ void wgmma_begin() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+// Waits for this warp group's products issued so far.
+__device__ __forceinline__ void wgmma_end() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+#else
+// Other targets: never launched (the host checks RUDNN_WGMMA and the device).
+template <typename scalar_t, int N>
+__device__ __forceinline__ void wgmma_ss_n64(float (&)[N][4], uint64_t, uint64_t) { __trap(); }
+template <typename scalar_t, int N>
+__device__ __forceinline__ void wgmma_rs_n64(float (&)[N][4], const uint32_t (&)[4], uint64_t) { __trap(); }
+template <typename scalar_t, int N>
+__device__ __forceinline__ void wgmma_rs_n128(float (&)[N][4], const uint32_t (&)[4], uint64_t) { __trap(); }
+__device__ __forceinline__ void wgmma_begin() {}
+__device__ __forceinline__ void wgmma_end() {}
+#endif
+
+// s (this warp's 16 of 64 rows by kN keys) = Q K^T over the bucket kE; Q (kRowsQ rows) and K (kN
+// rows) in swizzled tiles. A 16-column step moves 32 bytes within a panel's swizzled rows.
+template <typename scalar_t, int kRowsQ, int kN, int kE>
+__device__ __forceinline__ void wgmma_scores(float (&s)[kN / 8][4], const scalar_t* sQ, const scalar_t* sK) {
+  static_assert(kN == 64, "score tiles of 64 keys");
+#pragma unroll
+  for (int c = 0; c < kN / 8; ++c) s[c][0] = s[c][1] = s[c][2] = s[c][3] = 0.0f;
+  fence_fragments(s);
+  wgmma_begin();
+#pragma unroll
+  for (int ks = 0; ks < kE / 16; ++ks) {
+    wgmma_ss_n64<scalar_t>(s, wgmma_descriptor(sQ + SwizzledTile<kRowsQ>::offset(0, 16 * ks), 16, 1024),
+                           wgmma_descriptor(sK + SwizzledTile<kN>::offset(0, 16 * ks), 16, 1024));
+  }
+  wgmma_end();
+  fence_fragments(s);
+}
+
+// o += P V for this warp's 16 rows, P (kN keys) rounded to 16 bits; with kSplit also
+// (P - round(P)) V. V (kN keys by the bucket kEv) is read transposed: its panels run along the
+// product's columns, 128-column products where kEv allows.
+template <typename scalar_t, int kN, int kEv, bool kSplit>
+__device__ __forceinline__ void wgmma_probabilities_times_v(float (&o)[kEv / 8][4], const float (&s)[kN / 8][4],
+                                                            const scalar_t* sV) {
+  constexpr int kChunk = kEv % 128 == 0 ? 128 : 64, kParts = kSplit ? 2 : 1;
+  constexpr uint32_t kPanelBytes = kN * 128;
+  // Fragments the products read are written before the fence that orders them for the tensor cores.
+  uint32_t a[kN / 16][kParts][4];
+#pragma unroll
+  for (int kk = 0; kk < kN / 16; ++kk)
+#pragma unroll
+    for (int part = 0; part < kParts; ++part) fragment_to_a<scalar_t>(a[kk][part], s, kk, part == 1);
+  fence_fragments(o);
+  wgmma_begin();
+#pragma unroll
+  for (int kk = 0; kk < kN / 16; ++kk)
+#pragma unroll
+    for (int part = 0; part < kParts; ++part)
+#pragma unroll
+      for (int c = 0; c < kEv / kChunk; ++c) {
+        const uint64_t desc = wgmma_descriptor(sV + SwizzledTile<kN>::offset(16 * kk, kChunk * c), kPanelBytes, 1024);
+        auto& chunk = *reinterpret_cast<float(*)[kChunk / 8][4]>(&o[kChunk / 8 * c]);
+        if constexpr (kChunk == 128) {
+          wgmma_rs_n128<scalar_t>(chunk, a[kk][part], desc);
+        } else {
+          wgmma_rs_n64<scalar_t>(chunk, a[kk][part], desc);
+        }
+      }
+  wgmma_end();
+  fence_fragments(o);
+}
+
+}  // namespace rudnn::cuda
