@@ -73,7 +73,7 @@ __device__ __forceinline__ void fence_fragments(float (&x)[N][4]) {
 // D (+)= A B with the accumulate predicate taken from operand `scale` (always 1 here: the callers
 // zero their accumulators); `operands`: A, B, scale-d and the immediates (scale-a, scale-b, then
 // transposes).
-#define RUDNN_WGMMA(shape, type, regs, scale, operands)                                                   \
+#define RUDNN_WGMMA_ASM(shape, type, regs, scale, operands) \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %" #scale ", 0;\nwgmma.mma_async.sync.aligned." shape ".f32." type "." type \
   " " regs ", " operands ";\n}\n"
 
@@ -81,11 +81,11 @@ __device__ __forceinline__ void fence_fragments(float (&x)[N][4]) {
 template <typename scalar_t>
 __device__ __forceinline__ void wgmma_ss_n64(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b) {
   if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-    asm volatile(RUDNN_WGMMA("m64n64k16", "bf16", RUDNN_WGMMA_R8, 34, "%32, %33, p, 1, 1, 0, 0")
+    asm volatile(RUDNN_WGMMA_ASM("m64n64k16", "bf16", RUDNN_WGMMA_R8, 34, "%32, %33, p, 1, 1, 0, 0")
                  : RUDNN_WGMMA_D8
                  : "l"(desc_a), "l"(desc_b), "r"(1));
   } else {
-    asm volatile(RUDNN_WGMMA("m64n64k16", "f16", RUDNN_WGMMA_R8, 34, "%32, %33, p, 1, 1, 0, 0")
+    asm volatile(RUDNN_WGMMA_ASM("m64n64k16", "f16", RUDNN_WGMMA_R8, 34, "%32, %33, p, 1, 1, 0, 0")
                  : RUDNN_WGMMA_D8
                  : "l"(desc_a), "l"(desc_b), "r"(1));
   }
@@ -94,11 +94,11 @@ __device__ __forceinline__ void wgmma_ss_n64(float (&d)[8][4], uint64_t desc_a, 
 template <typename scalar_t>
 __device__ __forceinline__ void wgmma_rs_n64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) {
   if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-    asm volatile(RUDNN_WGMMA("m64n64k16", "bf16", RUDNN_WGMMA_R8, 37, "{%32, %33, %34, %35}, %36, p, 1, 1, 1")
+    asm volatile(RUDNN_WGMMA_ASM("m64n64k16", "bf16", RUDNN_WGMMA_R8, 37, "{%32, %33, %34, %35}, %36, p, 1, 1, 1")
                  : RUDNN_WGMMA_D8
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
   } else {
-    asm volatile(RUDNN_WGMMA("m64n64k16", "f16", RUDNN_WGMMA_R8, 37, "{%32, %33, %34, %35}, %36, p, 1, 1, 1")
+    asm volatile(RUDNN_WGMMA_ASM("m64n64k16", "f16", RUDNN_WGMMA_R8, 37, "{%32, %33, %34, %35}, %36, p, 1, 1, 1")
                  : RUDNN_WGMMA_D8
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
   }
@@ -106,11 +106,11 @@ __device__ __forceinline__ void wgmma_rs_n64(float (&d)[8][4], const uint32_t (&
 template <typename scalar_t>
 __device__ __forceinline__ void wgmma_rs_n128(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc_b) {
   if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-    asm volatile(RUDNN_WGMMA("m64n128k16", "bf16", RUDNN_WGMMA_R16, 69, "{%64, %65, %66, %67}, %68, p, 1, 1, 1")
+    asm volatile(RUDNN_WGMMA_ASM("m64n128k16", "bf16", RUDNN_WGMMA_R16, 69, "{%64, %65, %66, %67}, %68, p, 1, 1, 1")
                  : RUDNN_WGMMA_D16
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
   } else {
-    asm volatile(RUDNN_WGMMA("m64n128k16", "f16", RUDNN_WGMMA_R16, 69, "{%64, %65, %66, %67}, %68, p, 1, 1, 1")
+    asm volatile(RUDNN_WGMMA_ASM("m64n128k16", "f16", RUDNN_WGMMA_R16, 69, "{%64, %65, %66, %67}, %68, p, 1, 1, 1")
                  : RUDNN_WGMMA_D16
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
   }
