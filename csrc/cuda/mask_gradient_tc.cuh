@@ -2,10 +2,11 @@
 // numerics): dMask = dS summed over the dims the mask broadcasts along. A block owns a 64 x 64
 // tile of the mask's rows and keys (all rows if they broadcast) and visits, in a fixed order, every
 // (b, h, query tile) that reads it: deterministic, no atomics. A mask constant along the keys never
-// comes here (attention_ops.cpp takes the LSE's gradient; under a key shard, the CUDA-core kernel). Each visit recomputes
-// S = Q K^T and dP = dO V^T with mma.sync, each warp 16 rows by the tile's 64 keys, and adds
-// dS = P (M dP - D), kept in float32 from the float32 products, to the warp's running sum (the
-// CUDA-core kernel in mask_gradient.cu does the same on CUDA cores, and takes fused RoPE).
+// comes here (attention_ops.cpp takes the LSE's gradient; under a key shard, the CUDA-core
+// kernel). Each visit recomputes S = Q K^T and dP = dO V^T with mma.sync, each warp 16 rows by the
+// tile's 64 keys, and adds dS = P (M dP - D), kept in float32 from the float32 products, to the
+// warp's running sum (the CUDA-core kernel in mask_gradient.cu does the same on CUDA cores, and
+// takes fused RoPE).
 // launch_mask_gradient_tc is instantiated once per input dtype beside the backward
 // (attention_backward_tc_bf16.cu, attention_backward_tc_f16.cu).
 #pragma once
