@@ -82,7 +82,7 @@ KernelChoice forward_kernels(const AttentionProblem& pb) {
   return {obstacle.empty(), std::move(obstacle)};
 }
 
-bool forward_uses_wgmma(const AttentionProblem& pb) {
+bool uses_wgmma(const AttentionProblem& pb) {
 #if defined(RUDNN_WITH_CUDA) && defined(RUDNN_WGMMA)
   const AttentionParams& p = pb.params;
   if (const char* env = std::getenv("RUDNN_DISABLE_WGMMA"); env != nullptr && std::strcmp(env, "1") == 0) return false;
@@ -107,13 +107,16 @@ KernelChoice backward_kernels(const AttentionProblem& pb) {
 std::string explain_forward(const AttentionProblem& pb) {
   const KernelChoice choice = forward_kernels(pb);
   return explanation(pb, choice,
-                     choice.tensor_cores && forward_uses_wgmma(pb) ? "tensor-core forward (wgmma)"
+                     choice.tensor_cores && uses_wgmma(pb) ? "tensor-core forward (wgmma)"
                                                                    : "tensor-core forward (mma.sync)",
                      "CUDA-core forward");
 }
 
 std::string explain_backward(const AttentionProblem& pb) {
-  return explanation(pb, backward_kernels(pb), "tensor-core backward (mma.sync: dQ, then dK/dV per key tile)",
+  const KernelChoice choice = backward_kernels(pb);
+  return explanation(pb, choice,
+                     choice.tensor_cores && uses_wgmma(pb) ? "tensor-core backward (wgmma: dQ, then dK/dV per key tile)"
+                                                           : "tensor-core backward (mma.sync: dQ, then dK/dV per key tile)",
                      "CUDA-core backward");
 }
 

@@ -16,9 +16,10 @@ struct KernelChoice {
 
 KernelChoice forward_kernels(const AttentionProblem& pb);
 KernelChoice backward_kernels(const AttentionProblem& pb);
-// Whether the tensor-core forward takes its products by wgmma (sm_90a builds on an sm_90 device,
-// head-dim buckets of whole 64-column panels, no fused RoPE) rather than by mma.sync.
-bool forward_uses_wgmma(const AttentionProblem& pb);
+// Whether the tensor-core kernels, forward and backward, take their products by wgmma (sm_90a
+// builds on an sm_90 device, head-dim buckets of whole 64-column panels, no fused RoPE) rather than
+// by mma.sync.
+bool uses_wgmma(const AttentionProblem& pb);
 
 // For people (rudnn.explain): the kernel family, the problem's features and the obstacle.
 std::string explain_forward(const AttentionProblem& pb);

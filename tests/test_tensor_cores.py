@@ -41,21 +41,24 @@ def test_explain_says_why_not():
     assert rudnn.explain(*(t.cpu() for t in (q, k, v))).forward.startswith("CPU kernels")
 
 
-def test_explain_names_the_forward_products(monkeypatch):
-    # sm_90a builds (setup.py's default on an H100/H200) take the forward's products by wgmma where
-    # the head-dim bucket is whole 64-column panels (fused RoPE stays on mma.sync).
+def test_explain_names_the_products(monkeypatch):
+    # sm_90a builds (setup.py's default on an H100/H200) take the products of forward and backward
+    # by wgmma where the head-dim bucket is whole 64-column panels (fused RoPE stays on mma.sync).
     hopper = torch.cuda.get_device_capability() == (9, 0)
-    assert ("(wgmma)" in rudnn.explain(*_inputs(128)).forward) == hopper
-    assert ("(wgmma)" in rudnn.explain(*_inputs(192, 128)).forward) == hopper
-    assert "(mma.sync)" in rudnn.explain(*_inputs(80)).forward
-    assert "(mma.sync)" in rudnn.explain(*_inputs(32)).forward
+    for e in (rudnn.explain(*_inputs(128)), rudnn.explain(*_inputs(192, 128))):
+        assert ("(wgmma)" in e.forward) == hopper
+        assert ("(wgmma:" in e.backward) == hopper
+    for e in (rudnn.explain(*_inputs(80)), rudnn.explain(*_inputs(32))):
+        assert "(mma.sync)" in e.forward and "wgmma" not in e.backward
     monkeypatch.setenv("RUDNN_DISABLE_WGMMA", "1")
-    assert "(mma.sync)" in rudnn.explain(*_inputs(128)).forward
+    e = rudnn.explain(*_inputs(128))
+    assert "(mma.sync)" in e.forward and "wgmma" not in e.backward
 
 
 @pytest.fixture(params=["default", "mma.sync"])
-def forward_products(request, monkeypatch):
-    """Runs a test with the forward's default products and again with RUDNN_DISABLE_WGMMA=1."""
+def products(request, monkeypatch):
+    """Runs a test with the default products (wgmma on sm_90a builds) and again with
+    RUDNN_DISABLE_WGMMA=1 (mma.sync), forward and backward alike."""
     if request.param == "mma.sync":
         monkeypatch.setenv("RUDNN_DISABLE_WGMMA", "1")
     return request.param
@@ -108,7 +111,7 @@ CASES = {
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("name", list(CASES))
-def test_tensor_core_cases(dtype, name, forward_products):
+def test_tensor_core_cases(dtype, name, products):
     q_shape, k_shape, v_shape, kwargs = CASES[name]
     kwargs = dict(kwargs)
     if "mask" in kwargs:
@@ -124,7 +127,7 @@ def test_tensor_core_cases(dtype, name, forward_products):
 # lanes share blocks. One case adds a bool mask to the dropout.
 @pytest.mark.parametrize("gqa,S,extra", [(False, 170, False), (True, 170, False), (False, 160, False),
                                          (True, 256, True)])
-def test_tensor_core_dropout(gqa, S, extra, forward_products):
+def test_tensor_core_dropout(gqa, S, extra, products):
     B, H, L, E, p, seed, offset = 2, 4, 150, 64, 0.2, 1234, 77
     hk = 2 if gqa else H
     kwargs = dict(attn_mask=torch.rand(L, S) > 0.2) if extra else {}
@@ -145,7 +148,7 @@ def test_tensor_core_exact_numerics_halve_flash_error():
     assert error["exact"] <= 0.5 * error["flash"], error
 
 
-def test_tensor_core_backward_is_deterministic():
+def test_tensor_core_backward_is_deterministic(products):
     q, k, v = (torch.randn(2, 8, 300, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     k2, v2 = k[:, :2].detach().requires_grad_(), v[:, :2].detach().requires_grad_()
     grad = torch.randn(2, 8, 300, 64, device="cuda", dtype=torch.bfloat16)

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 
+#include "../kernel_choice.h"
 #include "backward.cuh"
 
 namespace rudnn::cuda {
@@ -23,7 +24,7 @@ void attention_backward_tc(const AttentionProblem& pb, BackwardTensors& t, const
   // that of a mask constant along the keys (only under a key shard: mask_gradient_tc.cuh).
   const bool dmask_tc = dmask.defined() && !p.rotary() && p.mask_keys > 1;
   AT_DISPATCH_REDUCED_FLOATING_TYPES(dq.scalar_type(), "rudnn_attention_backward_tc", [&] {
-    launch_backward_tc<scalar_t>(p, a, group_sums.defined() ? group_sums.data_ptr<float>() : nullptr,
+    launch_backward_tc<scalar_t>(p, a, uses_wgmma(pb), group_sums.defined() ? group_sums.data_ptr<float>() : nullptr,
                                  dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(), dv.data_ptr<scalar_t>());
     if (dmask_tc) launch_mask_gradient_tc<scalar_t>(p, a, dmask.data_ptr<float>());
   });

@@ -13,7 +13,9 @@
 // attention_backward_tc_f16.cu), so that the two halves compile in parallel.
 #pragma once
 
+#include "attention_backward_wgmma.cuh"
 #include "backward.cuh"
+#include "backward_fragments.cuh"
 #include "launch.cuh"
 #include "rotary.cuh"
 #include "tensor_core.cuh"
@@ -46,30 +48,6 @@ struct BackwardShape {
   // hold one accumulator per launch and take the whole tile: passes would reload K or V for each.
   static constexpr int kPassFragments = kE <= 64 || kE > 128 ? 4 : 2;
 };
-
-// P (zero where dropout drops) into s and, kWithDs, dS = P (M dP - D) into dp, for a warp's
-// fragment tile; lse and delta of the fragment's rows (lse * kTcUnit, +inf where a row has no keys
-// or is past the end); keep: fragment_keep_bits of the tile, read only with dropout.
-template <bool kWithDs, int kMI, int kNB>
-__device__ __forceinline__ void fragment_gradients(const AttentionParams& p, float (&s)[kMI][kNB][4],
-                                                   float (&dp)[kMI][kNB][4], const float (&lse)[kMI][2],
-                                                   const float (&delta)[kMI][2], const uint32_t (&keep)[kMI]) {
-  const float kept = static_cast<float>(p.rng.keep_scale);
-#pragma unroll
-  for (int mi = 0; mi < kMI; ++mi)
-#pragma unroll
-    for (int nb = 0; nb < kNB; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float prob = exp2_ftz(s[mi][nb][e] - lse[mi][e / 2]);
-        const bool dropped = p.has_dropout && !((keep[mi] >> (4 * nb + e)) & 1);
-        if constexpr (kWithDs) {
-          const float m = p.has_dropout ? (dropped ? 0.0f : kept) : 1.0f;
-          dp[mi][nb][e] = prob * (dp[mi][nb][e] * m - delta[mi][e / 2]);
-        }
-        s[mi][nb][e] = dropped ? 0.0f : prob;
-      }
-}
 
 // acc[kMI][kNB][4] += A B for a warp's 16 kMI rows: A from shared tile sA (rows by k, rows from
 // a_row0), B^T from sB (columns by k, columns from b_col0); k over the whole bucket kDepth.
@@ -107,23 +85,6 @@ __device__ __forceinline__ void mma_a_smem_kn(float (&acc)[kMI][kCols / 8][4], c
     for (int mi = 0; mi < kMI; ++mi) {
       mma16816<scalar_t>(acc[mi][2 * nv], a[mi], bb[0], bb[1]);
       mma16816<scalar_t>(acc[mi][2 * nv + 1], a[mi], bb[2], bb[3]);
-    }
-  }
-}
-
-// Stores a warp's 16-row accumulator (rows row0 + g, row0 + g + 8 of a contiguous tensor of
-// `rows` rows) times `factor`.
-template <typename scalar_t, int kCols>
-__device__ __forceinline__ void store_rows_tc(const float (&acc)[kCols / 8][4], float factor, scalar_t* out,
-                                              int64_t row0, int64_t rows, int cols) {
-  const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t i = row0 + lane / 4 + 8 * r;
-    if (i >= rows) continue;
-#pragma unroll
-    for (int c = 0; c < kCols / 8; ++c) {
-      store_pair(out + i * cols, 8 * c + 2 * (lane % 4), cols, acc[c][2 * r] * factor, acc[c][2 * r + 1] * factor);
     }
   }
 }
@@ -230,38 +191,6 @@ __device__ __forceinline__ void transposed_a(uint32_t (&a)[4], const float (&x)[
   a[2] = movmatrix_trans(pack2<scalar_t>(x[0][2], x[0][3]));
   a[3] = movmatrix_trans(pack2<scalar_t>(x[1][2], x[1][3]));
 }
-
-// Adds a warp's accumulator of 16 key rows, rounded to the input dtype, to the group's running
-// sums (GQA in flash numerics: FlashAttention rounds each query head's dK/dV before summing
-// them); the group's last head writes the sums out.
-template <typename scalar_t, int kCols>
-__device__ __forceinline__ void add_group_sum(const float (&acc)[kCols / 8][4], float factor, float* sums, int sum_cols,
-                                              scalar_t* out, int64_t row0, int64_t rows, int cols, bool first,
-                                              bool last) {
-  const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t j = row0 + lane / 4 + 8 * r;
-    if (j >= rows) continue;
-#pragma unroll
-    for (int c = 0; c < kCols / 8; ++c) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int d = 8 * c + 2 * (lane % 4) + e;
-        if (d >= cols) continue;
-        const float x = (first ? 0.0f : sums[j * sum_cols + d]) + round_to<scalar_t>(acc[c][2 * r + e] * factor);
-        if (last)
-          out[j * cols + d] = static_cast<scalar_t>(x);
-        else
-          sums[j * sum_cols + d] = x;
-      }
-    }
-  }
-}
-
-// Which of dK and dV a launch of the dK/dV kernel computes: wide heads take one launch for each,
-// so that one accumulator fits in registers (dV needs neither dP nor dS).
-enum KeyGrads : int { kGradK = 1, kGradV = 2, kGradKV = 3 };
 
 // kRotary: RoPE fused (p.rotary()), a template flag for the registers, as in the forward.
 template <typename scalar_t, int kE, int kEv, int kGrads, bool kRotary>
@@ -385,14 +314,10 @@ __global__ void __launch_bounds__(kTcThreads)
       if constexpr (kWantK) {
         add_group_sum<scalar_t, kE>(acc_k[0], static_cast<float>(p.scale), sums, E + Ev, dk + key_rows * E, kw0, p.keys,
                                     E, first, last);
-#pragma unroll
-        for (int c = 0; c < kE / 8; ++c) acc_k[0][c][0] = acc_k[0][c][1] = acc_k[0][c][2] = acc_k[0][c][3] = 0.0f;
       }
       if constexpr (kWantV) {
         add_group_sum<scalar_t, kEv>(acc_v[0], kept, sums + E, E + Ev, dv + key_rows * Ev, kw0, p.keys, Ev, first,
                                      last);
-#pragma unroll
-        for (int c = 0; c < kEv / 8; ++c) acc_v[0][c][0] = acc_v[0][c][1] = acc_v[0][c][2] = acc_v[0][c][3] = 0.0f;
       }
     }
   }
@@ -406,13 +331,18 @@ __global__ void __launch_bounds__(kTcThreads)
 }  // namespace tc_backward
 
 // dQ, then dK and dV (group_sums: (B, Hkv, S, E + Ev) float32 where GQA rounds each head's part,
-// null otherwise).
+// null otherwise); wgmma: by attention_backward_wgmma.cuh's kernels where the bucket allows.
 template <typename scalar_t>
-void launch_backward_tc(const AttentionParams& p, const BackwardArgs<float>& a, float* group_sums, scalar_t* dq,
-                        scalar_t* dk, scalar_t* dv) {
+void launch_backward_tc(const AttentionParams& p, const BackwardArgs<float>& a, bool wgmma, float* group_sums,
+                        scalar_t* dq, scalar_t* dk, scalar_t* dv) {
   using namespace tc_backward;
   dispatch_tc_dims(p.head_dim, p.value_dim, [&](auto e, auto ev) {
     constexpr int kE = decltype(e)::value, kEv = decltype(ev)::value;
+#ifdef RUDNN_WGMMA
+    if constexpr (kE % 64 == 0 && kEv % 64 == 0) {
+      if (wgmma) return wgmma_backward::launch_backward_wgmma<scalar_t, kE, kEv>(p, a, group_sums, dq, dk, dv);
+    }
+#endif
     using Dq = DqShape<kE, kEv>;
     launch_threads(attention_dq_tc_kernel<scalar_t, kE, kEv>, tile_grid(p.queries, Dq::kBM, p.heads, p.batch),
                    kTcThreads, Dq::kSmem + mask_tile_bytes<scalar_t, Dq::kBM, Dq::kBN>(p.mask_kind), p, a, dq);

@@ -27,7 +27,7 @@ struct ForwardShape {
   using LayoutQ = std::conditional_t<kWgmma, SwizzledTile<kBM>, PaddedTile<kE>>;
   using LayoutK = std::conditional_t<kWgmma, SwizzledTile<kBN>, PaddedTile<kE>>;
   using LayoutV = std::conditional_t<kWgmma, SwizzledTile<kBN>, PaddedTile<kEv>>;
-  static constexpr size_t kAlign = kWgmma ? 1024 : 0;  // slack to align the panels (wgmma.cuh)
+  static constexpr size_t kAlign = kWgmma ? kPanelAlign : 0;  // slack to align the panels
   static constexpr size_t kSmem =
       2 * (static_cast<size_t>(kBM + kBN) * kLdK + static_cast<size_t>(kBN) * kLdV) + kAlign;
   static_assert(!kWgmma || (kE % 64 == 0 && kEv % 64 == 0), "wgmma tiles are whole 64-column panels");
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
 
   extern __shared__ __align__(16) unsigned char smem_base[];
   unsigned char* smem = smem_base;
-  if constexpr (kWgmma) smem += (Shape::kAlign - smem_address(smem_base) % Shape::kAlign) % Shape::kAlign;
+  if constexpr (kWgmma) smem = align_panels(smem_base);
   scalar_t* sQ = reinterpret_cast<scalar_t*>(smem);
   scalar_t* sK = sQ + kBM * kLdK;
   scalar_t* sV = sK + kBN * kLdK;
@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
     // Zero weights still multiply V: NaN/inf in V reach the row, as in PyTorch's math path.
     // "exact" adds the product of P's rounding error, so that P reaches V at float32 accuracy.
     if constexpr (kWgmma) {
-      wgmma_probabilities_times_v<scalar_t, kBN, kEv, kSplit>(o[0], s[0], sV);
+      wgmma_fragments_times_tile<scalar_t, kBN, kEv, kSplit>(o[0], s[0], sV);
     } else {
       probabilities_times_v<scalar_t, kMI, kNB, kEv, kLdV, kSplit>(o, s, sV);
     }

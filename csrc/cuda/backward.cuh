@@ -83,8 +83,8 @@ void attention_backward_tc(const AttentionProblem& pb, BackwardTensors& t, const
 // Its kernels' launches for one input dtype (attention_backward_tc.cuh, instantiated in
 // attention_backward_tc_bf16.cu and attention_backward_tc_f16.cu).
 template <typename scalar_t>
-void launch_backward_tc(const AttentionParams& p, const BackwardArgs<float>& a, float* group_sums, scalar_t* dq,
-                        scalar_t* dk, scalar_t* dv);
+void launch_backward_tc(const AttentionParams& p, const BackwardArgs<float>& a, bool wgmma, float* group_sums,
+                        scalar_t* dq, scalar_t* dk, scalar_t* dv);
 
 // dMask (the canonical mask's shape, compute type) from D and the saved statistics, on CUDA cores.
 void mask_gradient_cuda(const AttentionProblem& pb, const BackwardTensors& t, const at::Tensor& dmask);

@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(kTcThreads)
     if (u + 1 < visits) load(visit(u + 1));
     uint32_t keep[1] = {};
     if (p.has_dropout) fragment_keep_bits<1, kNB>(p, rng, keep, v.b, v.h, row0, v.j0, in.dropout_aligned);
-    tc_backward::fragment_gradients<true>(p, s, dp, lse, delta, keep);
+    fragment_gradients<true>(p, s, dp, lse, delta, keep);
     // Padding rows and keys of a partial tile add nothing, whatever inf or NaN the inputs hold.
     const int rows_in = static_cast<int>(min(int64_t{16}, max(int64_t{0}, p.queries - row0)));
     const int keys_in = static_cast<int>(min(int64_t{kTile}, p.keys - v.j0));

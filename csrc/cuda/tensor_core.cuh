@@ -38,7 +38,7 @@ void dispatch_tc_dims(int64_t E, int64_t Ev, F&& f) {
 
 // The tensor-core forward's launches for one input dtype (attention_forward_tc.cuh, instantiated
 // in attention_forward_tc_bf16.cu and attention_forward_tc_f16.cu); kv_finite: keys_values_finite;
-// wgmma: the products by wgmma where the head-dim bucket allows (forward_uses_wgmma).
+// wgmma: the products by wgmma where the head-dim bucket allows (uses_wgmma).
 template <typename scalar_t>
 void launch_forward_tc(const AttentionParams& p, bool wgmma, scalar_t* out, float* lse, const bool* kv_finite);
 
@@ -49,10 +49,12 @@ constexpr float kTcUnit = static_cast<float>(kLog2e);
 // Raw products q.k to scores (times scale * kTcUnit); on `edge` tiles (tile_on_edge) -inf past
 // the problem's bounds and for keys of other documents, -inf added beyond the causal frontier
 // (apply_rules' rules). The rules run in 32-bit tile coordinates (row x = i - row0, key y =
-// j - j0), so that the edge path holds few registers beside the fragments.
-template <int kMI, int kNB>
+// j - j0), so that the edge path holds few registers beside the fragments. kKeyRows: the
+// fragments' rows are keys from j0 and their columns query rows from row0 (S^T, kMI = 1).
+template <int kMI, int kNB, bool kKeyRows = false>
 __device__ __forceinline__ void fragment_scores(const AttentionParams& p, float (&s)[kMI][kNB][4], int64_t b,
                                                 int64_t row0, int64_t j0, bool edge) {
+  static_assert(!kKeyRows || kMI == 1, "S^T fragments of 16 keys");
   const float scale = static_cast<float>(p.scale) * kTcUnit;
 #pragma unroll
   for (int mi = 0; mi < kMI; ++mi)
@@ -67,30 +69,48 @@ __device__ __forceinline__ void fragment_scores(const AttentionParams& p, float 
   // Key y of row x lies beyond the causal frontier where y - x > frontier.
   const int frontier = p.is_causal ? near(p.shard.query_start - p.shard.key_start + row0 - j0) : INT_MAX;
   const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int mi = 0; mi < kMI; ++mi)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int x = 16 * mi + lane / 4 + 8 * r;
-      int lo = INT_MIN, hi = INT_MAX;  // the row's document window, in keys of the tile
-      if (p.key_windows != nullptr && x < rows) {
-        const int2 window = key_window(p, b, row0 + x);
-        lo = near(window.x - j0), hi = near(window.y - j0);
-      }
-      const int last = min(min(keys, hi), x < rows ? INT_MAX : 0);  // keys at or past it are out
-#pragma unroll
-      for (int nb = 0; nb < kNB; ++nb)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int y = 8 * nb + 2 * (lane % 4) + e;
-          float& v = s[mi][nb][2 * r + e];
-          if (y >= last || y < lo) {
-            v = -INFINITY;
-          } else if (y - x > frontier) {
-            v += -INFINITY;
-          }
-        }
+  // Keys [lo, last) of the tile are in row x's document and bounds.
+  const auto row_keys = [&](int x, int& lo, int& last) {
+    int hi = INT_MAX;
+    lo = INT_MIN;
+    if (p.key_windows != nullptr && x < rows) {
+      const int2 window = key_window(p, b, row0 + x);
+      lo = near(window.x - j0), hi = near(window.y - j0);
     }
+    last = min(min(keys, hi), x < rows ? INT_MAX : 0);
+  };
+  const auto rule = [&](float& v, int x, int y, int lo, int last) {
+    if (y >= last || y < lo) {
+      v = -INFINITY;
+    } else if (y - x > frontier) {
+      v += -INFINITY;
+    }
+  };
+  if constexpr (kKeyRows) {
+#pragma unroll
+    for (int nb = 0; nb < kNB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int x = 8 * nb + 2 * (lane % 4) + e;
+        int lo, last;
+        row_keys(x, lo, last);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) rule(s[0][nb][2 * r + e], x, lane / 4 + 8 * r, lo, last);
+      }
+  } else {
+#pragma unroll
+    for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int x = 16 * mi + lane / 4 + 8 * r;
+        int lo, last;
+        row_keys(x, lo, last);
+#pragma unroll
+        for (int nb = 0; nb < kNB; ++nb)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) rule(s[mi][nb][2 * r + e], x, 8 * nb + 2 * (lane % 4) + e, lo, last);
+      }
+  }
 }
 
 // A mask tile in shared memory holds the mask's own elements (bool, the inputs' 16-bit type, or
@@ -158,11 +178,36 @@ __device__ __forceinline__ bool mask_rows_async(const AttentionParams& p) {
 
 // The mask's rule (apply_rules') on a fragment tile: -inf added where a bool mask excludes the
 // key, kTcUnit * mask added for a float one; the fragment's first row and key are the tile's
-// (row, col).
-template <typename scalar_t, int kMI, int kNB, int kCols>
+// (row, col). kKeyRows: fragments of S^T (fragment_scores'), read across the tile's rows.
+template <typename scalar_t, int kMI, int kNB, int kCols, bool kKeyRows = false>
 __device__ __forceinline__ void fragment_add_mask(const AttentionParams& p, float (&s)[kMI][kNB][4],
                                                   const unsigned char* tile, int row, int col) {
   const int lane = threadIdx.x % 32;
+  if constexpr (kKeyRows) {
+    static_assert(kMI == 1, "S^T fragments of 16 keys");
+    // Element (nb, 2 r + e) is query row row + 8 nb + 2 t + e, key col + g + 8 r.
+    const auto each = [&](int bytes, auto add) {
+      const int ld = mask_tile_ld(kCols, bytes);
+      const unsigned char* at = tile + (row + 2 * (lane % 4)) * ld + (col + lane / 4) * bytes;
+#pragma unroll
+      for (int nb = 0; nb < kNB; ++nb)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) add(s[0][nb][2 * r + e], at + (8 * nb + e) * ld + 8 * r * bytes);
+    };
+    if (p.mask_kind == MaskKind::kBool) {
+      each(1, [](float& x, const unsigned char* m) {
+        if (*m == 0) x += -INFINITY;
+      });
+    } else if (p.mask_kind == MaskKind::kFloat32) {
+      each(4, [](float& x, const unsigned char* m) { x += kTcUnit * *reinterpret_cast<const float*>(m); });
+    } else {
+      each(static_cast<int>(sizeof(scalar_t)),
+           [](float& x, const unsigned char* m) { x += kTcUnit * static_cast<float>(*reinterpret_cast<const scalar_t*>(m)); });
+    }
+    return;
+  }
   // Element (mi, nb, r) of this lane lies (16 mi + 8 r) rows and 8 nb keys past its first one.
   const auto each = [&](int bytes, auto add_pair) {
     const int ld = mask_tile_ld(kCols, bytes);
@@ -253,6 +298,52 @@ __device__ __forceinline__ void fragment_keep_bits(const AttentionParams& p, con
         }
       }
     }
+  }
+}
+
+// fragment_keep_bits for S^T fragments (fragment_scores' kKeyRows): bit 4 nb + 2 r + e of bits is
+// that of s[nb][2 r + e], query row0 + 8 nb + 2 t + e, key j0 + g + 8 r. Aligned (j0 a multiple of
+// 4), lane 4 g + t draws the Philox block of query row0 + 8 nb + g and keys j0 + 4 t .. j0 + 4 t + 3,
+// and each lane gathers its four bits from the lanes that drew them.
+template <int kNB>
+__device__ __forceinline__ void fragment_keep_bits_key_rows(const AttentionParams& p, const DropoutRng& rng,
+                                                            uint32_t& bits, int64_t b, int64_t h, int64_t row0,
+                                                            int64_t j0, bool aligned) {
+  static_assert(kNB <= 8, "four bits per 8-query block");
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const uint32_t threshold = rng.keep_threshold();
+  bits = 0;
+  if (aligned) {
+    const uint64_t key = static_cast<uint64_t>(j0 + 4 * t);
+#pragma unroll 1
+    for (int nb = 0; nb < kNB; ++nb) {
+      const Philox4 x = rng.block(p.shard.row_position(b, h, row0 + 8 * nb + g) + key);
+      uint32_t k = 0;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) k |= static_cast<uint32_t>((x.x[w] >> 8) >= threshold) << w;
+      uint32_t mine = 0;
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          // Query 2 t + e's block holding key g + 8 r: drawn by lane 4 (2 t + e) + g / 4 + 2 r.
+          const uint32_t drawn = __shfl_sync(0xffffffffu, k, 4 * (2 * t + e) + g / 4 + 2 * r);
+          mine |= (drawn >> (g % 4) & 1) << (2 * r + e);
+        }
+      bits |= mine << (4 * nb);
+    }
+  } else {
+#pragma unroll 1
+    for (int nb = 0; nb < kNB; ++nb)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float keep[1];
+          const uint64_t pos = p.shard.row_position(b, h, row0 + 8 * nb + 2 * t + e) + static_cast<uint64_t>(j0 + g + 8 * r);
+          dropout_run<1>(rng, pos, keep, true);  // one position: one block
+          bits |= static_cast<uint32_t>(keep[0] != 0.0f) << (4 * nb + 2 * r + e);
+        }
   }
 }
 

@@ -1,4 +1,4 @@
-// Hopper warp-group products (sm_90a wgmma.mma_async) for the tensor-core forward. A warp group is
+// Hopper warp-group products (sm_90a wgmma.mma_async) for the tensor-core kernels. A warp group is
 // the block's four warps; warp w holds rows 16 w .. 16 w + 15 of the group's 64-row product in
 // mma.cuh's C layout, so the score rules, the softmax and fragment_to_a of the mma.sync kernels
 // apply to its fragments unchanged. Operands in shared memory are read by the tensor cores through
@@ -21,6 +21,13 @@ struct SwizzledTile {
     return c / 64 * (kRows * 64) + r * 64 + ((c / 8 % 8) ^ (r % 8)) * 8 + c % 8;
   }
 };
+
+// The first 1024-byte boundary at or after a kernel's dynamic shared memory, where its swizzled
+// tiles start (their launches ask for kPanelAlign bytes of slack).
+constexpr size_t kPanelAlign = 1024;
+__device__ __forceinline__ unsigned char* align_panels(unsigned char* smem) {
+  return smem + (kPanelAlign - smem_address(smem) % kPanelAlign) % kPanelAlign;
+}
 
 // Descriptor of a 128-byte-swizzled operand starting at `start`: `leading` bytes between panels
 // where the operand's 64-column panels run along M/N (V, read transposed), `stride` between groups
@@ -133,32 +140,78 @@ __device__ __forceinline__ void wgmma_begin() {}
 __device__ __forceinline__ void wgmma_end() {}
 #endif
 
+// d (this warp's 16 of 64 rows by kN columns) += A B^T over the depth kDepth, issued but not
+// waited for; A (kRowsA rows) and B (kN rows) in swizzled tiles, both read along their rows. A
+// 16-column step moves 32 bytes within a panel's swizzled rows.
+template <typename scalar_t, int kRowsA, int kN, int kDepth>
+__device__ __forceinline__ void wgmma_issue_nt(float (&d)[kN / 8][4], const scalar_t* sA, const scalar_t* sB) {
+  static_assert(kN == 64, "products of 64 columns");
+#pragma unroll
+  for (int ks = 0; ks < kDepth / 16; ++ks) {
+    wgmma_ss_n64<scalar_t>(d, wgmma_descriptor(sA + SwizzledTile<kRowsA>::offset(0, 16 * ks), 16, 1024),
+                           wgmma_descriptor(sB + SwizzledTile<kN>::offset(0, 16 * ks), 16, 1024));
+  }
+}
+
+// o += X W for this warp's 16 rows, issued: X (16 columns, k in [16 kk, 16 kk + 16)) as an A
+// fragment, W (kRowsW rows by the bucket kCols) a swizzled tile read transposed: its panels run
+// along the product's columns, 128-column products where kCols allows.
+template <typename scalar_t, int kRowsW, int kCols>
+__device__ __forceinline__ void wgmma_issue_rs(float (&o)[kCols / 8][4], const uint32_t (&a)[4], int kk,
+                                               const scalar_t* sW) {
+  constexpr int kChunk = kCols % 128 == 0 ? 128 : 64;
+  constexpr uint32_t kPanelBytes = kRowsW * 128;
+#pragma unroll
+  for (int c = 0; c < kCols / kChunk; ++c) {
+    const uint64_t desc = wgmma_descriptor(sW + SwizzledTile<kRowsW>::offset(16 * kk, kChunk * c), kPanelBytes, 1024);
+    auto& chunk = *reinterpret_cast<float(*)[kChunk / 8][4]>(&o[kChunk / 8 * c]);
+    if constexpr (kChunk == 128) {
+      wgmma_rs_n128<scalar_t>(chunk, a, desc);
+    } else {
+      wgmma_rs_n64<scalar_t>(chunk, a, desc);
+    }
+  }
+}
+
 // s (this warp's 16 of 64 rows by kN keys) = Q K^T over the bucket kE; Q (kRowsQ rows) and K (kN
-// rows) in swizzled tiles. A 16-column step moves 32 bytes within a panel's swizzled rows.
+// rows) in swizzled tiles.
 template <typename scalar_t, int kRowsQ, int kN, int kE>
 __device__ __forceinline__ void wgmma_scores(float (&s)[kN / 8][4], const scalar_t* sQ, const scalar_t* sK) {
-  static_assert(kN == 64, "score tiles of 64 keys");
 #pragma unroll
   for (int c = 0; c < kN / 8; ++c) s[c][0] = s[c][1] = s[c][2] = s[c][3] = 0.0f;
   fence_fragments(s);
   wgmma_begin();
-#pragma unroll
-  for (int ks = 0; ks < kE / 16; ++ks) {
-    wgmma_ss_n64<scalar_t>(s, wgmma_descriptor(sQ + SwizzledTile<kRowsQ>::offset(0, 16 * ks), 16, 1024),
-                           wgmma_descriptor(sK + SwizzledTile<kN>::offset(0, 16 * ks), 16, 1024));
-  }
+  wgmma_issue_nt<scalar_t, kRowsQ, kN, kE>(s, sQ, sK);
   wgmma_end();
   fence_fragments(s);
 }
 
-// o += P V for this warp's 16 rows, P (kN keys) rounded to 16 bits; with kSplit also
-// (P - round(P)) V. V (kN keys by the bucket kEv) is read transposed: its panels run along the
-// product's columns, 128-column products where kEv allows.
-template <typename scalar_t, int kN, int kEv, bool kSplit>
-__device__ __forceinline__ void wgmma_probabilities_times_v(float (&o)[kEv / 8][4], const float (&s)[kN / 8][4],
-                                                            const scalar_t* sV) {
-  constexpr int kChunk = kEv % 128 == 0 ? 128 : 64, kParts = kSplit ? 2 : 1;
-  constexpr uint32_t kPanelBytes = kN * 128;
+// The backward's two score products of 64-row tiles, issued together: s = A B^T over kDepth and,
+// kSecond, d = C D^T over kDepth2 (S and dP, or S^T and dP^T).
+template <typename scalar_t, int kDepth, int kDepth2, bool kSecond>
+__device__ __forceinline__ void wgmma_score_pair(float (&s)[8][4], const scalar_t* sA, const scalar_t* sB,
+                                                 float (&d)[8][4], const scalar_t* sC, const scalar_t* sD) {
+#pragma unroll
+  for (int c = 0; c < 8; ++c) {
+    s[c][0] = s[c][1] = s[c][2] = s[c][3] = 0.0f;
+    d[c][0] = d[c][1] = d[c][2] = d[c][3] = 0.0f;
+  }
+  fence_fragments(s);
+  fence_fragments(d);
+  wgmma_begin();
+  wgmma_issue_nt<scalar_t, 64, 64, kDepth>(s, sA, sB);
+  if constexpr (kSecond) wgmma_issue_nt<scalar_t, 64, 64, kDepth2>(d, sC, sD);
+  wgmma_end();
+  fence_fragments(s);
+  fence_fragments(d);
+}
+
+// o += X W for this warp's 16 rows, X (kN columns: P, or dS) rounded to 16 bits; with kSplit also
+// (X - round(X)) W. W: a swizzled tile of kN rows by the bucket kCols (V, or K).
+template <typename scalar_t, int kN, int kCols, bool kSplit>
+__device__ __forceinline__ void wgmma_fragments_times_tile(float (&o)[kCols / 8][4], const float (&s)[kN / 8][4],
+                                                           const scalar_t* sW) {
+  constexpr int kParts = kSplit ? 2 : 1;
   // Fragments the products read are written before the fence that orders them for the tensor cores.
   uint32_t a[kN / 16][kParts][4];
 #pragma unroll
@@ -170,17 +223,7 @@ __device__ __forceinline__ void wgmma_probabilities_times_v(float (&o)[kEv / 8][
 #pragma unroll
   for (int kk = 0; kk < kN / 16; ++kk)
 #pragma unroll
-    for (int part = 0; part < kParts; ++part)
-#pragma unroll
-      for (int c = 0; c < kEv / kChunk; ++c) {
-        const uint64_t desc = wgmma_descriptor(sV + SwizzledTile<kN>::offset(16 * kk, kChunk * c), kPanelBytes, 1024);
-        auto& chunk = *reinterpret_cast<float(*)[kChunk / 8][4]>(&o[kChunk / 8 * c]);
-        if constexpr (kChunk == 128) {
-          wgmma_rs_n128<scalar_t>(chunk, a[kk][part], desc);
-        } else {
-          wgmma_rs_n64<scalar_t>(chunk, a[kk][part], desc);
-        }
-      }
+    for (int part = 0; part < kParts; ++part) wgmma_issue_rs<scalar_t, kN, kCols>(o, a[kk][part], kk, sW);
   wgmma_end();
   fence_fragments(o);
 }

@@ -1,0 +1,95 @@
+// What the two tensor-core backwards (attention_backward_tc.cuh by mma.sync,
+// attention_backward_wgmma.cuh by wgmma) do alike with a warp's fragments: P and dS from the
+// scores, and the stores of the dQ, dK and dV accumulators.
+#pragma once
+
+#include "tensor_core.cuh"
+
+namespace rudnn::cuda {
+
+// One element of fragment_gradients: the score x becomes P (0 where dropout drops it) and, with
+// kWithDs, dp becomes dS = P (M dP - D); kept_bit: its keep bit, read only with dropout; kept:
+// the multiplier of a kept element.
+template <bool kWithDs>
+__device__ __forceinline__ void element_gradient(const AttentionParams& p, float& x, float& dp, float lse, float delta,
+                                                 bool kept_bit, float kept) {
+  const float prob = exp2_ftz(x - lse);
+  const bool dropped = p.has_dropout && !kept_bit;
+  if constexpr (kWithDs) {
+    const float m = p.has_dropout ? (dropped ? 0.0f : kept) : 1.0f;
+    dp = prob * (dp * m - delta);
+  }
+  x = dropped ? 0.0f : prob;
+}
+
+// P (zero where dropout drops) into s and, kWithDs, dS = P (M dP - D) into dp, for a warp's
+// fragment tile; lse and delta of the fragment's rows (lse * kTcUnit, +inf where a row has no keys
+// or is past the end); keep: fragment_keep_bits of the tile, read only with dropout.
+template <bool kWithDs, int kMI, int kNB>
+__device__ __forceinline__ void fragment_gradients(const AttentionParams& p, float (&s)[kMI][kNB][4],
+                                                   float (&dp)[kMI][kNB][4], const float (&lse)[kMI][2],
+                                                   const float (&delta)[kMI][2], const uint32_t (&keep)[kMI]) {
+  const float kept = static_cast<float>(p.rng.keep_scale);
+#pragma unroll
+  for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+    for (int nb = 0; nb < kNB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        element_gradient<kWithDs>(p, s[mi][nb][e], dp[mi][nb][e], lse[mi][e / 2], delta[mi][e / 2],
+                                  (keep[mi] >> (4 * nb + e)) & 1, kept);
+      }
+}
+
+// Stores a warp's 16-row accumulator (rows row0 + g, row0 + g + 8 of a contiguous tensor of
+// `rows` rows) times `factor`.
+template <typename scalar_t, int kCols>
+__device__ __forceinline__ void store_rows_tc(const float (&acc)[kCols / 8][4], float factor, scalar_t* out,
+                                              int64_t row0, int64_t rows, int cols) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t i = row0 + lane / 4 + 8 * r;
+    if (i >= rows) continue;
+#pragma unroll
+    for (int c = 0; c < kCols / 8; ++c) {
+      store_pair(out + i * cols, 8 * c + 2 * (lane % 4), cols, acc[c][2 * r] * factor, acc[c][2 * r + 1] * factor);
+    }
+  }
+}
+
+// Adds a warp's accumulator of 16 key rows, rounded to the input dtype, to the group's running
+// sums (GQA in flash numerics: FlashAttention rounds each query head's dK/dV before summing
+// them), and clears it for the next head; the group's last head writes the sums out.
+template <typename scalar_t, int kCols>
+__device__ __forceinline__ void add_group_sum(float (&acc)[kCols / 8][4], float factor, float* sums, int sum_cols,
+                                              scalar_t* out, int64_t row0, int64_t rows, int cols, bool first,
+                                              bool last) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t j = row0 + lane / 4 + 8 * r;
+    if (j >= rows) continue;
+#pragma unroll
+    for (int c = 0; c < kCols / 8; ++c) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int d = 8 * c + 2 * (lane % 4) + e;
+        if (d >= cols) continue;
+        const float x = (first ? 0.0f : sums[j * sum_cols + d]) + round_to<scalar_t>(acc[c][2 * r + e] * factor);
+        if (last)
+          out[j * cols + d] = static_cast<scalar_t>(x);
+        else
+          sums[j * sum_cols + d] = x;
+      }
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < kCols / 8; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.0f;
+}
+
+// Which of dK and dV a launch of the dK/dV kernel computes: wide heads take one launch for each,
+// so that one accumulator fits in registers (dV needs neither dP nor dS).
+enum KeyGrads : int { kGradK = 1, kGradV = 2, kGradKV = 3 };
+
+}  // namespace rudnn::cuda
