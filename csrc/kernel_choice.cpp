@@ -115,8 +115,9 @@ std::string explain_forward(const AttentionProblem& pb) {
 std::string explain_backward(const AttentionProblem& pb) {
   const KernelChoice choice = backward_kernels(pb);
   return explanation(pb, choice,
-                     choice.tensor_cores && uses_wgmma(pb) ? "tensor-core backward (wgmma: dQ, then dK/dV per key tile)"
-                                                           : "tensor-core backward (mma.sync: dQ, then dK/dV per key tile)",
+                     choice.tensor_cores && uses_wgmma(pb)
+                         ? "tensor-core backward (wgmma: dQ, then dK/dV per key tile)"
+                         : "tensor-core backward (mma.sync: dQ, then dK/dV per key tile)",
                      "CUDA-core backward");
 }
 

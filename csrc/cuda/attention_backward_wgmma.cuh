@@ -227,7 +227,9 @@ __global__ void __launch_bounds__(kTcThreads, min_blocks(kE))
   }
   cp_async_wait<0>();
   if (group_sums != nullptr && steps > 0) return;
-  if constexpr (kWantK) store_rows_tc<scalar_t, kE>(acc_k, static_cast<float>(p.scale), dk + key_rows * E, kw0, p.keys, E);
+  if constexpr (kWantK) {
+    store_rows_tc<scalar_t, kE>(acc_k, static_cast<float>(p.scale), dk + key_rows * E, kw0, p.keys, E);
+  }
   if constexpr (kWantV) store_rows_tc<scalar_t, kEv>(acc_v, kept, dv + key_rows * Ev, kw0, p.keys, Ev);
 }
 

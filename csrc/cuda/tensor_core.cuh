@@ -204,7 +204,9 @@ __device__ __forceinline__ void fragment_add_mask(const AttentionParams& p, floa
       each(4, [](float& x, const unsigned char* m) { x += kTcUnit * *reinterpret_cast<const float*>(m); });
     } else {
       each(static_cast<int>(sizeof(scalar_t)),
-           [](float& x, const unsigned char* m) { x += kTcUnit * static_cast<float>(*reinterpret_cast<const scalar_t*>(m)); });
+           [](float& x, const unsigned char* m) {
+             x += kTcUnit * static_cast<float>(*reinterpret_cast<const scalar_t*>(m));
+           });
     }
     return;
   }
@@ -340,7 +342,8 @@ __device__ __forceinline__ void fragment_keep_bits_key_rows(const AttentionParam
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float keep[1];
-          const uint64_t pos = p.shard.row_position(b, h, row0 + 8 * nb + 2 * t + e) + static_cast<uint64_t>(j0 + g + 8 * r);
+          const uint64_t pos =
+              p.shard.row_position(b, h, row0 + 8 * nb + 2 * t + e) + static_cast<uint64_t>(j0 + g + 8 * r);
           dropout_run<1>(rng, pos, keep, true);  // one position: one block
           bits |= static_cast<uint32_t>(keep[0] != 0.0f) << (4 * nb + 2 * r + e);
         }
