@@ -91,6 +91,10 @@ CASES = {
     "E=136 Ev=200 wide": ((1, 2, 90, 136), (1, 2, 110, 136), (1, 2, 110, 200), {}),
     "strided": ((2, 2, 100, 64), (2, 2, 120, 64), (2, 2, 120, 64), dict(kind="strided")),
     "E=192 Ev=128": ((1, 2, 150, 192), (1, 2, 170, 192), (1, 2, 170, 128), {}),
+    "E=192 Ev=128 GQA bool mask": ((2, 4, 130, 192), (2, 2, 150, 192), (2, 2, 150, 128),
+                                   dict(enable_gqa=True, mask=("bool", (130, 150)))),
+    "E=192 Ev=128 float mask grad": ((1, 2, 130, 192), (1, 2, 150, 192), (1, 2, 150, 128),
+                                     dict(mask=("float", (1, 2, 130, 150)), mask_grad=True)),
     "E=256": ((1, 2, 150, 256), (1, 2, 170, 256), (1, 2, 170, 256), dict(is_causal=True)),
     "GQA 8/1": ((2, 8, 90, 64), (2, 1, 110, 64), (2, 1, 110, 64), dict(enable_gqa=True)),
     "GQA 8/2 causal": ((1, 8, 130, 128), (1, 2, 130, 128), (1, 2, 130, 128), dict(enable_gqa=True, is_causal=True)),
@@ -124,14 +128,16 @@ def test_tensor_core_cases(dtype, name, products):
 
 
 # S = 170: a row's dropout positions start inside a Philox block; S = 160 and 256: on one, where
-# lanes share blocks. One case adds a bool mask to the dropout.
-@pytest.mark.parametrize("gqa,S,extra", [(False, 170, False), (True, 170, False), (False, 160, False),
-                                         (True, 256, True)])
-def test_tensor_core_dropout(gqa, S, extra, products):
-    B, H, L, E, p, seed, offset = 2, 4, 150, 64, 0.2, 1234, 77
+# lanes share blocks. Two cases add a bool mask to the dropout; E = 192/128 streams its tiles
+# through one buffer in the wgmma backward.
+@pytest.mark.parametrize("gqa,S,extra,E,Ev", [(False, 170, False, 64, 64), (True, 170, False, 64, 64),
+                                              (False, 160, False, 64, 64), (True, 256, True, 64, 64),
+                                              (True, 170, True, 192, 128)])
+def test_tensor_core_dropout(gqa, S, extra, E, Ev, products):
+    B, H, L, p, seed, offset = 2, 4, 150, 0.2, 1234, 77
     hk = 2 if gqa else H
     kwargs = dict(attn_mask=torch.rand(L, S) > 0.2) if extra else {}
-    case.run("cuda", torch.bfloat16, (B, H, L, E), (B, hk, S, E), (B, hk, S, E), enable_gqa=gqa,
+    case.run("cuda", torch.bfloat16, (B, H, L, E), (B, hk, S, E), (B, hk, S, Ev), enable_gqa=gqa,
              dropout=(p, seed, offset), keep=_keep(B, H, L, S, p, seed, offset), **kwargs)
 
 

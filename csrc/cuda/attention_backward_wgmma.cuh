@@ -2,11 +2,12 @@
 // (a query-owned dQ kernel, a key-owned dK/dV kernel, no atomics) with the block's four warps one
 // warp group of 64 rows, the tiles in wgmma.cuh's swizzled panels (head-dim buckets of 64, 128,
 // 192 and 256), and no fused RoPE.
-//   dQ kernel: 64 query rows; K/V tiles of 64 keys, double-buffered. S = Q K^T and dP = dO V^T come
-//   from shared memory together, and dS, rounded in registers, is the left operand of dQ += dS K.
+//   dQ kernel: 64 query rows; K/V tiles of 64 keys, double-buffered where stream_buffers says.
+//   S = Q K^T and dP = dO V^T come from shared memory together, and dS, rounded in registers, is
+//   the left operand of dQ += dS K.
 //   dK/dV kernel: 64 keys; it sweeps every head of the GQA group and every query tile of 64 rows
-//   (double-buffered Q, dO and their rows' statistics). It forms S^T = K Q^T and dP^T = V dO^T, the
-//   keys along the fragments' rows, so that P^T and dS^T in registers are the left operands of
+//   (Q, dO and their rows' statistics, buffered likewise). It forms S^T = K Q^T and dP^T = V dO^T,
+//   the keys along the fragments' rows, so that P^T and dS^T in registers are the left operands of
 //   dV += P^T dO and dK += dS^T Q, with no transposes; the score rules, mask and dropout bits read
 //   the transposed fragments (tensor_core.cuh's kKeyRows). Heads wider than 128 run it twice, for
 //   dK and for dV, as the mma.sync kernel does.
@@ -24,11 +25,16 @@ namespace wgmma_backward {
 constexpr int kTile = 64;  // rows of every tile: one warp group's product
 using Tile = SwizzledTile<kTile>;
 
-// Bytes of either kernel's tiles: one 64-row tile of each operand it owns and two of each it
-// streams (dQ owns Q and dO and streams K and V; dK/dV the other way round), 16-bit elements.
+// Buffers of the operands each kernel streams (dQ owns Q and dO and streams K and V; dK/dV the
+// other way round). Two let a block load the next tile during this one's products, but two blocks
+// a multiprocessor hide more than that: where three 64-row tiles of 16-bit K+V columns (96 KiB up
+// to 256 columns) would keep a second block out and two (up to 320) let it in, there is one.
+constexpr int stream_buffers(int e, int ev) { return e + ev <= 256 || e + ev > 320 ? 2 : 1; }
+
+// Bytes of either kernel's tiles: the owned tiles and the streamed buffers.
 template <int kE, int kEv>
 constexpr size_t tile_bytes() {
-  return 2 * static_cast<size_t>(kTile) * 3 * (kE + kEv) + kPanelAlign;
+  return 2 * static_cast<size_t>(kTile) * (1 + stream_buffers(kE, kEv)) * (kE + kEv) + kPanelAlign;
 }
 
 // Blocks per multiprocessor, for the registers: the dK/dV kernel holds both accumulators beside
@@ -49,7 +55,8 @@ __global__ void __launch_bounds__(kTcThreads, min_blocks(kE))
   scalar_t* sDO = sQ + kTile * kE;
   const auto sK = [=](int buf) { return sDO + kTile * kEv + buf * kTile * (kE + kEv); };
   const auto sV = [=](int buf) { return sK(buf) + kTile * kE; };
-  unsigned char* sMask = reinterpret_cast<unsigned char*>(sK(2));
+  constexpr int kBuffers = stream_buffers(kE, kEv);
+  unsigned char* sMask = reinterpret_cast<unsigned char*>(sK(kBuffers));
 
   const RowRange keys = document_keys(p, b, i0, kTile, kTile);
   int64_t key_end = keys.end;
@@ -78,7 +85,7 @@ __global__ void __launch_bounds__(kTcThreads, min_blocks(kE))
   const DropoutRng rng = device_rng(p);
   float acc[kE / 8][4] = {};
   for (int64_t j0 = keys.begin, tile = 0; j0 < key_end; j0 += kTile, ++tile) {
-    const int buf = tile % 2;
+    const int buf = tile % kBuffers;
     cp_async_wait<0>();
     fence_async_shared();
     __syncthreads();  // this tile has landed, and every warp is done with the other buffer
@@ -86,7 +93,7 @@ __global__ void __launch_bounds__(kTcThreads, min_blocks(kE))
       mask_tile_to_smem<scalar_t, kTile, kTile>(p, sMask, b, h, i0, j0, in.mask_async);
       cp_async_commit();
     }
-    if (j0 + kTile < key_end) load_keys(buf ^ 1, j0 + kTile);
+    if (kBuffers == 2 && j0 + kTile < key_end) load_keys(buf ^ 1, j0 + kTile);
     cp_async_commit();
     float s[1][8][4], dp[1][8][4];
     wgmma_score_pair<scalar_t, kE, kEv, true>(s[0], sQ, sK(buf), dp[0], sDO, sV(buf));
@@ -100,6 +107,11 @@ __global__ void __launch_bounds__(kTcThreads, min_blocks(kE))
     if (p.has_dropout) fragment_keep_bits<1, 8>(p, rng, keep, b, h, row0, j0, in.dropout_aligned);
     fragment_gradients<true>(p, s, dp, lse, delta, keep);
     wgmma_fragments_times_tile<scalar_t, kTile, kE, false>(acc, dp[0], sK(buf));  // dQ_i += sum_j dS_ij K_j
+    if (kBuffers == 1 && j0 + kTile < key_end) {
+      __syncthreads();  // every warp is done with the one buffer
+      load_keys(0, j0 + kTile);
+      cp_async_commit();
+    }
   }
   cp_async_wait<0>();
   store_rows_tc<scalar_t, kE>(acc, static_cast<float>(p.scale), dq + rows * E, row0, p.queries, E);
@@ -121,8 +133,9 @@ __global__ void __launch_bounds__(kTcThreads, min_blocks(kE))
   scalar_t* sV = sK + kTile * kE;
   const auto sQ = [=](int buf) { return sV + kTile * kEv + buf * kTile * (kE + kEv); };
   const auto sDO = [=](int buf) { return sQ(buf) + kTile * kE; };
-  float* sStats = reinterpret_cast<float*>(sQ(2));  // [2][lse, delta][kTile]
-  unsigned char* sMask = reinterpret_cast<unsigned char*>(sStats + 2 * 2 * kTile);
+  constexpr int kBuffers = stream_buffers(kE, kEv);
+  float* sStats = reinterpret_cast<float*>(sQ(kBuffers));  // [kBuffers][lse, delta][kTile]
+  unsigned char* sMask = reinterpret_cast<unsigned char*>(sStats + kBuffers * 2 * kTile);
 
   // Query tiles outside the keys' documents, or before the causal frontier of the first key, see
   // none of these keys.
@@ -134,9 +147,9 @@ __global__ void __launch_bounds__(kTcThreads, min_blocks(kE))
   const int64_t tiles = (queries.end + kTile - 1) / kTile - first_tile, group = p.group();
   const int64_t steps = tiles > 0 ? tiles * group : 0;
   // Step u: head hk * group + u / tiles, query tile first_tile + u % tiles; its Q, dO and stats
-  // go to buffer u % 2.
+  // go to buffer u % kBuffers.
   const auto load_step = [&](int64_t u) {
-    const int buf = static_cast<int>(u % 2);
+    const int buf = static_cast<int>(u % kBuffers);
     const int64_t h = hk * group + u / tiles, i0 = (first_tile + u % tiles) * kTile;
     tile_to_smem_async<scalar_t, kTile, kE, kTcThreads, Tile>(sQ(buf), p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
     tile_to_smem_async<scalar_t, kTile, kEv, kTcThreads, Tile>(sDO(buf), a.dout, a.dout_strides, b, h, i0, p.queries,
@@ -158,7 +171,7 @@ __global__ void __launch_bounds__(kTcThreads, min_blocks(kE))
   const float kept = p.has_dropout ? static_cast<float>(p.rng.keep_scale) : 1.0f;
   float acc_k[kWantK ? kE / 8 : 1][4] = {}, acc_v[kWantV ? kEv / 8 : 1][4] = {};
   for (int64_t u = 0; u < steps; ++u) {
-    const int buf = static_cast<int>(u % 2);
+    const int buf = static_cast<int>(u % kBuffers);
     const int64_t h = hk * group + u / tiles, i0 = (first_tile + u % tiles) * kTile;
     cp_async_wait<0>();
     fence_async_shared();
@@ -167,7 +180,7 @@ __global__ void __launch_bounds__(kTcThreads, min_blocks(kE))
       mask_tile_to_smem<scalar_t, kTile, kTile>(p, sMask, b, h, i0, j0, in.mask_async);
       cp_async_commit();
     }
-    if (u + 1 < steps) load_step(u + 1);
+    if (kBuffers == 2 && u + 1 < steps) load_step(u + 1);
     cp_async_commit();
 
     // The keep bits before the scores: Philox's registers would not fit beside their fragments.
@@ -212,6 +225,11 @@ __global__ void __launch_bounds__(kTcThreads, min_blocks(kE))
     wgmma_end();
     fence_fragments(acc_k);
     fence_fragments(acc_v);
+    if (kBuffers == 1 && u + 1 < steps) {
+      __syncthreads();  // every warp is done with the one buffer
+      load_step(u + 1);
+      cp_async_commit();
+    }
 
     if (group_sums != nullptr && (u + 1) % tiles == 0) {
       const bool first = u + 1 == tiles, last = u + 1 == steps;
@@ -241,7 +259,7 @@ void launch_backward_wgmma(const AttentionParams& p, const BackwardArgs<float>& 
   const size_t mask_bytes = mask_tile_bytes<scalar_t, kTile, kTile>(p.mask_kind);
   launch_threads(attention_dq_wgmma_kernel<scalar_t, kE, kEv>, tile_grid(p.queries, kTile, p.heads, p.batch),
                  kTcThreads, tile_bytes<kE, kEv>() + mask_bytes, p, a, dq);
-  const size_t smem = tile_bytes<kE, kEv>() + 2 * 2 * kTile * sizeof(float) + mask_bytes;
+  const size_t smem = tile_bytes<kE, kEv>() + stream_buffers(kE, kEv) * 2 * kTile * sizeof(float) + mask_bytes;
   const dim3 key_grid = tile_grid(p.keys, kTile, p.kv_heads, p.batch);
   if constexpr (kE <= 128 && kEv <= 128) {
     launch_threads(attention_dkdv_wgmma_kernel<scalar_t, kE, kEv, kGradKV>, key_grid, kTcThreads, smem, p, a, dk, dv,
