@@ -75,8 +75,9 @@ def _keep(B, H, L, S, p, seed, offset):
 
 
 # (q shape, k shape, v shape, keyword arguments): tile edges (1, 113, 203, 1023), head-dim buckets
-# and padding (32, 80 -> 96, 192/128, 256, E != Ev, E and Ev not multiples of 8), GQA down to one KV
-# head, masks, dropout, and layouts read element by element.
+# and padding (32, 80 -> 96, 192/128, 192, 256, E != Ev, E and Ev not multiples of 8), GQA down to
+# one KV head, masks, dropout, and layouts read element by element. At 192/192 and 256 the wgmma
+# backward runs two warp groups a block: cases put the second one past L or past S.
 CASES = {
     "plain 203x113 E=128": ((2, 3, 203, 128), (2, 3, 113, 128), (2, 3, 113, 128), {}),
     "causal 1023 E=64": ((1, 2, 1023, 64), (1, 2, 1023, 64), (1, 2, 1023, 64), dict(is_causal=True)),
@@ -96,6 +97,15 @@ CASES = {
     "E=192 Ev=128 float mask grad": ((1, 2, 130, 192), (1, 2, 150, 192), (1, 2, 150, 128),
                                      dict(mask=("float", (1, 2, 130, 150)), mask_grad=True)),
     "E=256": ((1, 2, 150, 256), (1, 2, 170, 256), (1, 2, 170, 256), dict(is_causal=True)),
+    "E=256 GQA bool mask": ((2, 4, 130, 256), (2, 2, 150, 256), (2, 2, 150, 256),
+                            dict(enable_gqa=True, mask=("bool", (130, 150)))),
+    "E=256 float32 mask grad": ((1, 2, 130, 256), (1, 2, 150, 256), (1, 2, 150, 256),
+                                dict(mask=("float32", (1, 2, 130, 150)), mask_grad=True)),
+    "E=256 S=50 float mask grad": ((2, 2, 130, 256), (2, 2, 50, 256), (2, 2, 50, 256),
+                                   dict(mask=("float", (2, 1, 130, 50)), mask_grad=True)),
+    "E=256 float mask rows by cp.async": ((1, 2, 100, 256), (1, 2, 160, 256), (1, 2, 160, 256),
+                                          dict(mask=("float", (1, 2, 100, 160)))),
+    "E=192 Ev=192 L=40 causal": ((1, 2, 40, 192), (1, 2, 300, 192), (1, 2, 300, 192), dict(is_causal=True)),
     "GQA 8/1": ((2, 8, 90, 64), (2, 1, 110, 64), (2, 1, 110, 64), dict(enable_gqa=True)),
     "GQA 8/2 causal": ((1, 8, 130, 128), (1, 2, 130, 128), (1, 2, 130, 128), dict(enable_gqa=True, is_causal=True)),
     "bool mask": ((2, 2, 113, 64), (2, 2, 203, 64), (2, 2, 203, 64), dict(mask=("bool", (113, 203)))),
@@ -128,11 +138,11 @@ def test_tensor_core_cases(dtype, name, products):
 
 
 # S = 170: a row's dropout positions start inside a Philox block; S = 160 and 256: on one, where
-# lanes share blocks. Two cases add a bool mask to the dropout; E = 192/128 streams its tiles
-# through one buffer in the wgmma backward.
+# lanes share blocks. Three cases add a bool mask to the dropout; in the wgmma backward, E = 192/128
+# streams its tiles through one buffer and E = 256 runs two warp groups a block.
 @pytest.mark.parametrize("gqa,S,extra,E,Ev", [(False, 170, False, 64, 64), (True, 170, False, 64, 64),
                                               (False, 160, False, 64, 64), (True, 256, True, 64, 64),
-                                              (True, 170, True, 192, 128)])
+                                              (True, 170, True, 192, 128), (True, 170, True, 256, 256)])
 def test_tensor_core_dropout(gqa, S, extra, E, Ev, products):
     B, H, L, p, seed, offset = 2, 4, 150, 0.2, 1234, 77
     hk = 2 if gqa else H

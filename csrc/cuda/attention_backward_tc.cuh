@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kTcThreads)
   using Shape = DqShape<kE, kEv>;
   constexpr int kLdK = Shape::kLdK, kLdV = Shape::kLdV, kMI = Shape::kMI, kBM = Shape::kBM, kBN = Shape::kBN;
   constexpr int kNB = Shape::kNB;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
   const int64_t b = blockIdx.z, h = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * kBM;
   const int64_t hk = h / p.group(), row0 = i0 + 16 * kMI * warp, rows = (b * p.heads + h) * p.queries;
   const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
@@ -123,14 +123,7 @@ __global__ void __launch_bounds__(kTcThreads)
   cp_async_commit();
 
   float lse[kMI][2], delta[kMI][2];
-#pragma unroll
-  for (int mi = 0; mi < kMI; ++mi)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int64_t i = row0 + 16 * mi + lane / 4 + 8 * r;
-      lse[mi][r] = i < p.queries ? a.lse_unit[rows + i] : INFINITY;
-      delta[mi][r] = i < p.queries ? a.delta[rows + i] : 0.0f;
-    }
+  fragment_row_statistics(p, a, rows, row0, lse, delta);
   const DropoutRng rng = device_rng(p);
   float acc[kMI][kE / 8][4] = {};
   for (int64_t j0 = keys.begin, tile = 0; j0 < key_end; j0 += kBN, ++tile) {
@@ -215,17 +208,9 @@ __global__ void __launch_bounds__(kTcThreads)
   float* sStats = reinterpret_cast<float*>(sK + 3 * kRowsPerTile * (kLdK + kLdV));  // [2][lse, delta][kBM]
   unsigned char* sMask = smem + Shape::kSmem;
 
-  // Query tiles outside the keys' documents, or before the causal frontier of the first key, see
-  // none of these keys.
-  const RowRange queries = document_queries(p, b, j0, kRowsPerTile, kBM);
-  int64_t first_tile = queries.begin / kBM;
-  if (p.is_causal && a.kv_finite[b * p.kv_heads + hk]) {
-    first_tile = max(first_tile, max(int64_t{0}, j0 - (p.shard.query_start - p.shard.key_start)) / kBM);
-  }
-  const int64_t tiles = (queries.end + kBM - 1) / kBM - first_tile, group = p.group();
-  const int64_t steps = tiles > 0 ? tiles * group : 0;
-  // Step u: head hk * group + u / tiles, query tile first_tile + u % tiles; its Q, dO and stats
-  // go to buffer u % 2.
+  const KeySweep sweep = key_sweep(p, a, b, hk, j0, kRowsPerTile, kBM);
+  const int64_t first_tile = sweep.first, tiles = sweep.tiles, steps = sweep.steps, group = p.group();
+  // Step u's Q, dO and stats go to buffer u % 2.
   const auto load_step = [&](int64_t u) {
     const int buf = static_cast<int>(u % 2);
     const int64_t h = hk * group + u / tiles, i0 = (first_tile + u % tiles) * kBM;
@@ -233,13 +218,7 @@ __global__ void __launch_bounds__(kTcThreads)
     tile_to_smem_async<scalar_t, kBM, kEv, kTcThreads>(sDO(buf), a.dout, a.dout_strides, b, h, i0, p.queries, Ev,
                                                        in.dout);
     if constexpr (kRotary) prefetch_table_rows<kBM, kTcThreads>(p.q_rotary, b, h, i0, p.queries, E);
-    const int r = threadIdx.x % kBM;
-    const int64_t i = i0 + r, at = (b * p.heads + h) * p.queries + i;
-    float* stats = sStats + buf * 2 * kBM;
-    if (threadIdx.x < kBM)
-      stats[r] = i < p.queries ? a.lse_unit[at] : INFINITY;
-    else
-      stats[kBM + r] = i < p.queries ? a.delta[at] : 0.0f;
+    rows_statistics_to_smem<kBM>(p, a, sStats + buf * 2 * kBM, b, h, i0);
   };
   tile_to_smem_async<scalar_t, kRowsPerTile, kE, kTcThreads>(sK, p.k, p.k_strides, b, hk, j0, p.keys, E, in.k);
   tile_to_smem_async<scalar_t, kRowsPerTile, kEv, kTcThreads>(sV, p.v, p.v_strides, b, hk, j0, p.keys, Ev, in.v);

@@ -1,16 +1,17 @@
 // Backward on the tensor cores by wgmma (sm_90a): attention_backward_tc.cuh's deterministic split
-// (a query-owned dQ kernel, a key-owned dK/dV kernel, no atomics) with the block's four warps one
-// warp group of 64 rows, the tiles in wgmma.cuh's swizzled panels (head-dim buckets of 64, 128,
-// 192 and 256), and no fused RoPE.
-//   dQ kernel: 64 query rows; K/V tiles of 64 keys, double-buffered where stream_buffers says.
-//   S = Q K^T and dP = dO V^T come from shared memory together, and dS, rounded in registers, is
-//   the left operand of dQ += dS K.
-//   dK/dV kernel: 64 keys; it sweeps every head of the GQA group and every query tile of 64 rows
-//   (Q, dO and their rows' statistics, buffered likewise). It forms S^T = K Q^T and dP^T = V dO^T,
-//   the keys along the fragments' rows, so that P^T and dS^T in registers are the left operands of
-//   dV += P^T dO and dK += dS^T Q, with no transposes; the score rules, mask and dropout bits read
-//   the transposed fragments (tensor_core.cuh's kKeyRows). Heads wider than 128 run it twice, for
-//   dK and for dV, as the mma.sync kernel does.
+// (a query-owned dQ kernel, a key-owned dK/dV kernel, no atomics) with each four warps of a block
+// one warp group of 64 rows (two groups sharing the streamed tiles for the widest heads:
+// max_groups), the tiles in wgmma.cuh's swizzled panels (head-dim buckets of 64, 128, 192 and
+// 256), and no fused RoPE.
+//   dQ kernel: 64 query rows a group; K/V tiles of 64 keys, double-buffered where stream_buffers
+//   says. S = Q K^T and dP = dO V^T come from shared memory together, and dS, rounded in
+//   registers, is the left operand of dQ += dS K.
+//   dK/dV kernel: 64 keys a group; it sweeps every head of the GQA group and every query tile of
+//   64 rows (Q, dO and their rows' statistics, buffered likewise). It forms S^T = K Q^T and
+//   dP^T = V dO^T, the keys along the fragments' rows, so that P^T and dS^T in registers are the
+//   left operands of dV += P^T dO and dK += dS^T Q, with no transposes; the score rules, mask and
+//   dropout bits read the transposed fragments (tensor_core.cuh's kKeyRows). Heads wider than 128
+//   run it twice, for dK and for dV, as the mma.sync kernel does.
 #pragma once
 
 #include "backward.cuh"
@@ -25,63 +26,72 @@ namespace wgmma_backward {
 constexpr int kTile = 64;  // rows of every tile: one warp group's product
 using Tile = SwizzledTile<kTile>;
 
-// Buffers of the operands each kernel streams (dQ owns Q and dO and streams K and V; dK/dV the
-// other way round). Two let a block load the next tile during this one's products, but two blocks
-// a multiprocessor hide more than that: where three 64-row tiles of 16-bit K+V columns (96 KiB up
-// to 256 columns) would keep a second block out and two (up to 320) let it in, there is one.
-constexpr int stream_buffers(int e, int ev) { return e + ev <= 256 || e + ev > 320 ? 2 : 1; }
+// Warp groups of a block, each owning 64 rows (dQ owns Q and dO and streams K and V; dK/dV the
+// other way round): where one block of one group fills a multiprocessor's shared memory (K+V
+// wider than 320 columns), two groups share its streamed tiles, twice the warps at the same bytes.
+constexpr int max_groups(int e, int ev) { return e + ev > 320 ? 2 : 1; }
+
+// Buffers of the streamed tiles. Two let a block load the next tile during this one's products,
+// but two blocks (or groups) a multiprocessor hide more than that: where three 64-row tiles of
+// 16-bit K+V columns (96 KiB up to 256 columns) would keep a second block out and two (up to 320)
+// let it in, and beside a second group, there is one.
+constexpr int stream_buffers(int e, int ev, int groups) {
+  return groups == 1 && (e + ev <= 256 || e + ev > 320) ? 2 : 1;
+}
 
 // Bytes of either kernel's tiles: the owned tiles and the streamed buffers.
-template <int kE, int kEv>
+template <int kE, int kEv, int kGroups>
 constexpr size_t tile_bytes() {
-  return 2 * static_cast<size_t>(kTile) * (1 + stream_buffers(kE, kEv)) * (kE + kEv) + kPanelAlign;
+  return 2 * static_cast<size_t>(kTile) * (kGroups + stream_buffers(kE, kEv, kGroups)) * (kE + kEv) + kPanelAlign;
 }
 
 // Blocks per multiprocessor, for the registers: the dK/dV kernel holds both accumulators beside
 // the S^T and dP^T fragments (at head dim 128, 64 + 64 + 32 + 32 floats a thread).
-constexpr int min_blocks(int e) { return e <= 64 ? 3 : e <= 128 ? 2 : 1; }
+constexpr int min_blocks(int e, int groups) { return groups == 2 || e > 128 ? 1 : e <= 64 ? 3 : 2; }
 
-template <typename scalar_t, int kE, int kEv>
-__global__ void __launch_bounds__(kTcThreads, min_blocks(kE))
+template <typename scalar_t, int kE, int kEv, int kGroups>
+__global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
     attention_dq_wgmma_kernel(const AttentionParams p, const BackwardArgs<float> a, scalar_t* __restrict__ dq) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t b = blockIdx.z, h = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  const int64_t hk = h / p.group(), row0 = i0 + 16 * warp, rows = (b * p.heads + h) * p.queries;
+  constexpr int kThreads = kTcThreads * kGroups, kBlockRows = kTile * kGroups;
+  const int wg = threadIdx.x / kTcThreads, warp = threadIdx.x / 32 % 4;
+  const int64_t b = blockIdx.z, h = blockIdx.y, block_i0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;
+  const int64_t hk = h / p.group(), row0 = block_i0 + kTile * wg + 16 * warp;
+  const int64_t rows = (b * p.heads + h) * p.queries;
   const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
   const InputReads in = input_reads<scalar_t>(p, a.dout, a.dout_strides);
 
+  // Each group's Q and dO tiles, then the streamed K and V.
   extern __shared__ __align__(16) unsigned char smem_base[];
-  scalar_t* sQ = reinterpret_cast<scalar_t*>(align_panels(smem_base));
-  scalar_t* sDO = sQ + kTile * kE;
-  const auto sK = [=](int buf) { return sDO + kTile * kEv + buf * kTile * (kE + kEv); };
+  scalar_t* base = reinterpret_cast<scalar_t*>(align_panels(smem_base));
+  const auto sQ = [=](int g) { return base + g * kTile * (kE + kEv); };
+  const auto sDO = [=](int g) { return sQ(g) + kTile * kE; };
+  const auto sK = [=](int buf) { return sQ(kGroups) + buf * kTile * (kE + kEv); };
   const auto sV = [=](int buf) { return sK(buf) + kTile * kE; };
-  constexpr int kBuffers = stream_buffers(kE, kEv);
+  constexpr int kBuffers = stream_buffers(kE, kEv, kGroups);
   unsigned char* sMask = reinterpret_cast<unsigned char*>(sK(kBuffers));
 
-  const RowRange keys = document_keys(p, b, i0, kTile, kTile);
+  const RowRange keys = document_keys(p, b, block_i0, kBlockRows, kTile);
   int64_t key_end = keys.end;
   if (p.is_causal && a.kv_finite[b * p.kv_heads + hk]) {
-    const int64_t last_row = min(i0 + kTile, p.queries) - 1;
+    const int64_t last_row = min(block_i0 + kBlockRows, p.queries) - 1;
     key_end = max(int64_t{0}, min(key_end, last_row + p.shard.query_start - p.shard.key_start + 1));
   }
   const auto load_keys = [&](int buf, int64_t j0) {
-    tile_to_smem_async<scalar_t, kTile, kE, kTcThreads, Tile>(sK(buf), p.k, p.k_strides, b, hk, j0, key_end, E, in.k);
-    tile_to_smem_async<scalar_t, kTile, kEv, kTcThreads, Tile>(sV(buf), p.v, p.v_strides, b, hk, j0, key_end, Ev,
-                                                               in.v);
+    tile_to_smem_async<scalar_t, kTile, kE, kThreads, Tile>(sK(buf), p.k, p.k_strides, b, hk, j0, key_end, E, in.k);
+    tile_to_smem_async<scalar_t, kTile, kEv, kThreads, Tile>(sV(buf), p.v, p.v_strides, b, hk, j0, key_end, Ev, in.v);
   };
-  tile_to_smem_async<scalar_t, kTile, kE, kTcThreads, Tile>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
-  tile_to_smem_async<scalar_t, kTile, kEv, kTcThreads, Tile>(sDO, a.dout, a.dout_strides, b, h, i0, p.queries, Ev,
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    const int64_t i0 = block_i0 + kTile * g;
+    tile_to_smem_async<scalar_t, kTile, kE, kThreads, Tile>(sQ(g), p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
+    tile_to_smem_async<scalar_t, kTile, kEv, kThreads, Tile>(sDO(g), a.dout, a.dout_strides, b, h, i0, p.queries, Ev,
                                                              in.dout);
+  }
   load_keys(0, keys.begin);
   cp_async_commit();
 
   float lse[1][2], delta[1][2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t i = row0 + lane / 4 + 8 * r;
-    lse[0][r] = i < p.queries ? a.lse_unit[rows + i] : INFINITY;
-    delta[0][r] = i < p.queries ? a.delta[rows + i] : 0.0f;
-  }
+  fragment_row_statistics(p, a, rows, row0, lse, delta);
   const DropoutRng rng = device_rng(p);
   float acc[kE / 8][4] = {};
   for (int64_t j0 = keys.begin, tile = 0; j0 < key_end; j0 += kTile, ++tile) {
@@ -90,18 +100,18 @@ __global__ void __launch_bounds__(kTcThreads, min_blocks(kE))
     fence_async_shared();
     __syncthreads();  // this tile has landed, and every warp is done with the other buffer
     if (in.masked) {
-      mask_tile_to_smem<scalar_t, kTile, kTile>(p, sMask, b, h, i0, j0, in.mask_async);
+      mask_tile_to_smem<scalar_t, kBlockRows, kTile, kThreads>(p, sMask, b, h, block_i0, j0, in.mask_async);
       cp_async_commit();
     }
     if (kBuffers == 2 && j0 + kTile < key_end) load_keys(buf ^ 1, j0 + kTile);
     cp_async_commit();
     float s[1][8][4], dp[1][8][4];
-    wgmma_score_pair<scalar_t, kE, kEv, true>(s[0], sQ, sK(buf), dp[0], sDO, sV(buf));
+    wgmma_score_pair<scalar_t, kE, kEv, true>(s[0], sQ(wg), sK(buf), dp[0], sDO(wg), sV(buf));
     fragment_scores(p, s, b, row0, j0, tile_on_edge(p, b, row0, 16, j0, kTile));
     if (in.masked) {
       cp_async_wait<1>();
       __syncthreads();  // the mask tile is in
-      fragment_add_mask<scalar_t, 1, 8, kTile>(p, s, sMask, 16 * warp, 0);
+      fragment_add_mask<scalar_t, 1, 8, kTile>(p, s, sMask, kTile * wg + 16 * warp, 0);
     }
     uint32_t keep[1] = {};
     if (p.has_dropout) fragment_keep_bits<1, 8>(p, rng, keep, b, h, row0, j0, in.dropout_aligned);
@@ -117,53 +127,46 @@ __global__ void __launch_bounds__(kTcThreads, min_blocks(kE))
   store_rows_tc<scalar_t, kE>(acc, static_cast<float>(p.scale), dq + rows * E, row0, p.queries, E);
 }
 
-template <typename scalar_t, int kE, int kEv, int kGrads>
-__global__ void __launch_bounds__(kTcThreads, min_blocks(kE))
+template <typename scalar_t, int kE, int kEv, int kGroups, int kGrads>
+__global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
     attention_dkdv_wgmma_kernel(const AttentionParams p, const BackwardArgs<float> a, scalar_t* __restrict__ dk,
                                 scalar_t* __restrict__ dv, float* __restrict__ group_sums) {
   constexpr bool kWantK = kGrads & kGradK, kWantV = kGrads & kGradV;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t b = blockIdx.z, hk = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  const int64_t kw0 = j0 + 16 * warp, key_rows = (b * p.kv_heads + hk) * p.keys;
+  constexpr int kThreads = kTcThreads * kGroups, kBlockKeys = kTile * kGroups;
+  const int wg = threadIdx.x / kTcThreads, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+  const int64_t b = blockIdx.z, hk = blockIdx.y, block_j0 = static_cast<int64_t>(blockIdx.x) * kBlockKeys;
+  const int64_t kw0 = block_j0 + kTile * wg + 16 * warp, key_rows = (b * p.kv_heads + hk) * p.keys;
   const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
   const InputReads in = input_reads<scalar_t>(p, a.dout, a.dout_strides);
 
+  // Each group's K and V tiles, the streamed Q and dO, the statistics, the mask.
   extern __shared__ __align__(16) unsigned char smem_base[];
-  scalar_t* sK = reinterpret_cast<scalar_t*>(align_panels(smem_base));
-  scalar_t* sV = sK + kTile * kE;
-  const auto sQ = [=](int buf) { return sV + kTile * kEv + buf * kTile * (kE + kEv); };
+  scalar_t* base = reinterpret_cast<scalar_t*>(align_panels(smem_base));
+  const auto sK = [=](int g) { return base + g * kTile * (kE + kEv); };
+  const auto sV = [=](int g) { return sK(g) + kTile * kE; };
+  const auto sQ = [=](int buf) { return sK(kGroups) + buf * kTile * (kE + kEv); };
   const auto sDO = [=](int buf) { return sQ(buf) + kTile * kE; };
-  constexpr int kBuffers = stream_buffers(kE, kEv);
-  float* sStats = reinterpret_cast<float*>(sQ(kBuffers));  // [kBuffers][lse, delta][kTile]
-  unsigned char* sMask = reinterpret_cast<unsigned char*>(sStats + kBuffers * 2 * kTile);
+  constexpr int kBuffers = stream_buffers(kE, kEv, kGroups);
+  float* sStats = reinterpret_cast<float*>(sQ(kBuffers));
+  unsigned char* sMask = reinterpret_cast<unsigned char*>(sStats + kBuffers * 2 * kTile);  // stats [buf][lse, D][row]
 
-  // Query tiles outside the keys' documents, or before the causal frontier of the first key, see
-  // none of these keys.
-  const RowRange queries = document_queries(p, b, j0, kTile, kTile);
-  int64_t first_tile = queries.begin / kTile;
-  if (p.is_causal && a.kv_finite[b * p.kv_heads + hk]) {
-    first_tile = max(first_tile, max(int64_t{0}, j0 - (p.shard.query_start - p.shard.key_start)) / kTile);
-  }
-  const int64_t tiles = (queries.end + kTile - 1) / kTile - first_tile, group = p.group();
-  const int64_t steps = tiles > 0 ? tiles * group : 0;
-  // Step u: head hk * group + u / tiles, query tile first_tile + u % tiles; its Q, dO and stats
-  // go to buffer u % kBuffers.
+  const KeySweep sweep = key_sweep(p, a, b, hk, block_j0, kBlockKeys, kTile);
+  const int64_t first_tile = sweep.first, tiles = sweep.tiles, steps = sweep.steps, group = p.group();
+  // Step u's Q, dO and stats go to buffer u % kBuffers.
   const auto load_step = [&](int64_t u) {
     const int buf = static_cast<int>(u % kBuffers);
     const int64_t h = hk * group + u / tiles, i0 = (first_tile + u % tiles) * kTile;
-    tile_to_smem_async<scalar_t, kTile, kE, kTcThreads, Tile>(sQ(buf), p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
-    tile_to_smem_async<scalar_t, kTile, kEv, kTcThreads, Tile>(sDO(buf), a.dout, a.dout_strides, b, h, i0, p.queries,
-                                                               Ev, in.dout);
-    const int r = threadIdx.x % kTile;
-    const int64_t i = i0 + r, at = (b * p.heads + h) * p.queries + i;
-    float* stats = sStats + buf * 2 * kTile;
-    if (threadIdx.x < kTile)
-      stats[r] = i < p.queries ? a.lse_unit[at] : INFINITY;
-    else
-      stats[kTile + r] = i < p.queries ? a.delta[at] : 0.0f;
+    tile_to_smem_async<scalar_t, kTile, kE, kThreads, Tile>(sQ(buf), p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
+    tile_to_smem_async<scalar_t, kTile, kEv, kThreads, Tile>(sDO(buf), a.dout, a.dout_strides, b, h, i0, p.queries,
+                                                             Ev, in.dout);
+    rows_statistics_to_smem<kTile>(p, a, sStats + buf * 2 * kTile, b, h, i0);
   };
-  tile_to_smem_async<scalar_t, kTile, kE, kTcThreads, Tile>(sK, p.k, p.k_strides, b, hk, j0, p.keys, E, in.k);
-  tile_to_smem_async<scalar_t, kTile, kEv, kTcThreads, Tile>(sV, p.v, p.v_strides, b, hk, j0, p.keys, Ev, in.v);
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    const int64_t j0 = block_j0 + kTile * g;
+    tile_to_smem_async<scalar_t, kTile, kE, kThreads, Tile>(sK(g), p.k, p.k_strides, b, hk, j0, p.keys, E, in.k);
+    tile_to_smem_async<scalar_t, kTile, kEv, kThreads, Tile>(sV(g), p.v, p.v_strides, b, hk, j0, p.keys, Ev, in.v);
+  }
   if (steps > 0) load_step(0);
   cp_async_commit();
 
@@ -177,7 +180,7 @@ __global__ void __launch_bounds__(kTcThreads, min_blocks(kE))
     fence_async_shared();
     __syncthreads();  // this step has landed, and every warp is done with the other buffer
     if (in.masked) {
-      mask_tile_to_smem<scalar_t, kTile, kTile>(p, sMask, b, h, i0, j0, in.mask_async);
+      mask_tile_to_smem<scalar_t, kTile, kBlockKeys, kThreads>(p, sMask, b, h, i0, block_j0, in.mask_async);
       cp_async_commit();
     }
     if (kBuffers == 2 && u + 1 < steps) load_step(u + 1);
@@ -188,12 +191,12 @@ __global__ void __launch_bounds__(kTcThreads, min_blocks(kE))
     if (p.has_dropout) fragment_keep_bits_key_rows<8>(p, rng, keep, b, h, i0, kw0, in.dropout_aligned);
     // This warp's 16 keys (rows) by the tile's 64 queries (columns).
     float st[1][8][4], dpt[1][8][4];
-    wgmma_score_pair<scalar_t, kE, kEv, kWantK>(st[0], sK, sQ(buf), dpt[0], sV, sDO(buf));
+    wgmma_score_pair<scalar_t, kE, kEv, kWantK>(st[0], sK(wg), sQ(buf), dpt[0], sV(wg), sDO(buf));
     fragment_scores<1, 8, true>(p, st, b, i0, kw0, tile_on_edge(p, b, i0, kTile, kw0, 16));
     if (in.masked) {
       cp_async_wait<1>();
       __syncthreads();  // the mask tile is in
-      fragment_add_mask<scalar_t, 1, 8, kTile, true>(p, st, sMask, 0, 16 * warp);
+      fragment_add_mask<scalar_t, 1, 8, kBlockKeys, true>(p, st, sMask, 0, kTile * wg + 16 * warp);
     }
     // Column 8 nb + 2 t + e is query i0 + 8 nb + 2 t + e: its lse and D from the step's statistics.
     const float* stats = sStats + buf * 2 * kTile + 2 * (lane % 4);
@@ -251,25 +254,51 @@ __global__ void __launch_bounds__(kTcThreads, min_blocks(kE))
   if constexpr (kWantV) store_rows_tc<scalar_t, kEv>(acc_v, kept, dv + key_rows * Ev, kw0, p.keys, Ev);
 }
 
-// dQ, then dK and dV, for head-dim buckets of whole panels (group_sums: launch_backward_tc's).
+// Dynamic shared memory of the dQ kernel and of the dK/dV kernel.
+template <typename scalar_t, int kE, int kEv, int kGroups>
+size_t dq_smem(MaskKind mask) {
+  return tile_bytes<kE, kEv, kGroups>() + mask_tile_bytes<scalar_t, kTile * kGroups, kTile>(mask);
+}
+template <typename scalar_t, int kE, int kEv, int kGroups>
+size_t dkdv_smem(MaskKind mask) {
+  return tile_bytes<kE, kEv, kGroups>() + stream_buffers(kE, kEv, kGroups) * 2 * kTile * sizeof(float) +
+         mask_tile_bytes<scalar_t, kTile, kTile * kGroups>(mask);
+}
+
+// dQ, then dK and dV, with kGroups warp groups a block (group_sums: launch_backward_tc's).
+template <typename scalar_t, int kE, int kEv, int kGroups>
+void launch_backward_groups(const AttentionParams& p, const BackwardArgs<float>& a, float* group_sums, scalar_t* dq,
+                            scalar_t* dk, scalar_t* dv) {
+  constexpr int kThreads = kTcThreads * kGroups, kBlockRows = kTile * kGroups;
+  launch_threads(attention_dq_wgmma_kernel<scalar_t, kE, kEv, kGroups>,
+                 tile_grid(p.queries, kBlockRows, p.heads, p.batch), kThreads,
+                 dq_smem<scalar_t, kE, kEv, kGroups>(p.mask_kind), p, a, dq);
+  const dim3 key_grid = tile_grid(p.keys, kBlockRows, p.kv_heads, p.batch);
+  const auto launch_dkdv = [&](auto grads) {
+    launch_threads(attention_dkdv_wgmma_kernel<scalar_t, kE, kEv, kGroups, decltype(grads)::value>, key_grid,
+                   kThreads, dkdv_smem<scalar_t, kE, kEv, kGroups>(p.mask_kind), p, a, dk, dv, group_sums);
+  };
+  if constexpr (kE <= 128 && kEv <= 128) {
+    launch_dkdv(std::integral_constant<int, kGradKV>{});
+  } else {
+    launch_dkdv(std::integral_constant<int, kGradK>{});
+    launch_dkdv(std::integral_constant<int, kGradV>{});
+  }
+}
+
+// The backward for head-dim buckets of whole panels: two warp groups a block where max_groups
+// says and the kernels' shared memory fits beside their mask tiles (a float32 mask's may not at
+// 256), else one.
 template <typename scalar_t, int kE, int kEv>
 void launch_backward_wgmma(const AttentionParams& p, const BackwardArgs<float>& a, float* group_sums, scalar_t* dq,
                            scalar_t* dk, scalar_t* dv) {
   static_assert(kE % 64 == 0 && kEv % 64 == 0, "wgmma tiles are whole 64-column panels");
-  const size_t mask_bytes = mask_tile_bytes<scalar_t, kTile, kTile>(p.mask_kind);
-  launch_threads(attention_dq_wgmma_kernel<scalar_t, kE, kEv>, tile_grid(p.queries, kTile, p.heads, p.batch),
-                 kTcThreads, tile_bytes<kE, kEv>() + mask_bytes, p, a, dq);
-  const size_t smem = tile_bytes<kE, kEv>() + stream_buffers(kE, kEv) * 2 * kTile * sizeof(float) + mask_bytes;
-  const dim3 key_grid = tile_grid(p.keys, kTile, p.kv_heads, p.batch);
-  if constexpr (kE <= 128 && kEv <= 128) {
-    launch_threads(attention_dkdv_wgmma_kernel<scalar_t, kE, kEv, kGradKV>, key_grid, kTcThreads, smem, p, a, dk, dv,
-                   group_sums);
-  } else {
-    launch_threads(attention_dkdv_wgmma_kernel<scalar_t, kE, kEv, kGradK>, key_grid, kTcThreads, smem, p, a, dk, dv,
-                   group_sums);
-    launch_threads(attention_dkdv_wgmma_kernel<scalar_t, kE, kEv, kGradV>, key_grid, kTcThreads, smem, p, a, dk, dv,
-                   group_sums);
+  if constexpr (max_groups(kE, kEv) == 2) {
+    const size_t need =
+        std::max(dq_smem<scalar_t, kE, kEv, 2>(p.mask_kind), dkdv_smem<scalar_t, kE, kEv, 2>(p.mask_kind));
+    if (need <= max_shared_memory()) return launch_backward_groups<scalar_t, kE, kEv, 2>(p, a, group_sums, dq, dk, dv);
   }
+  launch_backward_groups<scalar_t, kE, kEv, 1>(p, a, group_sums, dq, dk, dv);
 }
 
 }  // namespace wgmma_backward

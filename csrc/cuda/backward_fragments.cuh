@@ -1,11 +1,60 @@
 // What the two tensor-core backwards (attention_backward_tc.cuh by mma.sync,
-// attention_backward_wgmma.cuh by wgmma) do alike with a warp's fragments: P and dS from the
-// scores, and the stores of the dQ, dK and dV accumulators.
+// attention_backward_wgmma.cuh by wgmma) do alike: the rows' statistics, a key tile's sweep over
+// the query tiles, P and dS from a warp's scores, and the stores of the dQ, dK and dV accumulators.
 #pragma once
 
+#include "backward.cuh"
 #include "tensor_core.cuh"
 
 namespace rudnn::cuda {
+
+// lse and D of a warp's fragment rows row0 + 16 mi + g (+ 8) of a head (its rows from `rows`):
+// +inf and 0 past the queries, where P is then 0.
+template <int kMI>
+__device__ __forceinline__ void fragment_row_statistics(const AttentionParams& p, const BackwardArgs<float>& a,
+                                                        int64_t rows, int64_t row0, float (&lse)[kMI][2],
+                                                        float (&delta)[kMI][2]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t i = row0 + 16 * mi + lane / 4 + 8 * r;
+      lse[mi][r] = i < p.queries ? a.lse_unit[rows + i] : INFINITY;
+      delta[mi][r] = i < p.queries ? a.delta[rows + i] : 0.0f;
+    }
+}
+
+// lse and D of query rows [i0, i0 + kRows) of head h into stats[0, kRows) and stats[kRows, 2 kRows),
+// by the block's first 2 kRows threads.
+template <int kRows>
+__device__ __forceinline__ void rows_statistics_to_smem(const AttentionParams& p, const BackwardArgs<float>& a,
+                                                        float* stats, int64_t b, int64_t h, int64_t i0) {
+  const int r = threadIdx.x % kRows;
+  const int64_t i = i0 + r, at = (b * p.heads + h) * p.queries + i;
+  if (threadIdx.x < kRows)
+    stats[r] = i < p.queries ? a.lse_unit[at] : INFINITY;
+  else if (threadIdx.x < 2 * kRows)
+    stats[kRows + r] = i < p.queries ? a.delta[at] : 0.0f;
+}
+
+// A key tile's sweep in the dK/dV kernels: the query tiles of `tile_rows` rows that see keys
+// [j0, j0 + keys) (their documents; causal: from the first key's frontier on), and the steps over
+// them for every head of the GQA group: step u is head hk group + u / tiles, query tile
+// first + u % tiles.
+struct KeySweep {
+  int64_t first, tiles, steps;
+};
+__device__ __forceinline__ KeySweep key_sweep(const AttentionParams& p, const BackwardArgs<float>& a, int64_t b,
+                                              int64_t hk, int64_t j0, int keys, int tile_rows) {
+  const RowRange queries = document_queries(p, b, j0, keys, tile_rows);
+  int64_t first = queries.begin / tile_rows;
+  if (p.is_causal && a.kv_finite[b * p.kv_heads + hk]) {
+    first = max(first, max(int64_t{0}, j0 - (p.shard.query_start - p.shard.key_start)) / tile_rows);
+  }
+  const int64_t tiles = (queries.end + tile_rows - 1) / tile_rows - first;
+  return {first, tiles, tiles > 0 ? tiles * p.group() : 0};
+}
 
 // One element of fragment_gradients: the score x becomes P (0 where dropout drops it) and, with
 // kWithDs, dp becomes dS = P (M dP - D); kept_bit: its keep bit, read only with dropout; kept:

@@ -76,12 +76,7 @@ __global__ void __launch_bounds__(kTcThreads)
     const Visit v = visit(u);
     const int64_t row0 = v.i0 + 16 * warp, rows = (v.b * p.heads + v.h) * p.queries;
     float lse[1][2], delta[1][2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int64_t i = row0 + lane / 4 + 8 * r;
-      lse[0][r] = i < p.queries ? a.lse_unit[rows + i] : INFINITY;
-      delta[0][r] = i < p.queries ? a.delta[rows + i] : 0.0f;
-    }
+    fragment_row_statistics(p, a, rows, row0, lse, delta);
     cp_async_wait<0>();
     __syncthreads();  // this visit's tiles are in
     float s[1][kNB][4] = {}, dp[1][kNB][4] = {};

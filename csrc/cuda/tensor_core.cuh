@@ -132,8 +132,9 @@ constexpr size_t mask_tile_bytes(MaskKind kind) {
 // Query rows [i0, i0 + kRows) by keys [j0, j0 + kCols) of the mask (head h) into a mask tile; zeros
 // past the problem's bounds, where the edge rules of fragment_scores decide. Rows that are 16-byte
 // aligned and contiguous (`async`) go by cp.async in the caller's next group; other layouts
-// (broadcast or strided keys) are read element by element through the broadcast strides.
-template <typename scalar_t, int kRows, int kCols>
+// (broadcast or strided keys) are read element by element through the broadcast strides. kThreads:
+// the block's.
+template <typename scalar_t, int kRows, int kCols, int kThreads = kTcThreads>
 __device__ __forceinline__ void mask_tile_to_smem(const AttentionParams& p, unsigned char* tile, int64_t b, int64_t h,
                                                   int64_t i0, int64_t j0, bool async) {
   const Strides4& ms = p.mask_strides;
@@ -142,7 +143,7 @@ __device__ __forceinline__ void mask_tile_to_smem(const AttentionParams& p, unsi
   if (async) {
     const int chunks = kCols * bytes / 16;
 #pragma unroll 1
-    for (int idx = threadIdx.x; idx < kRows * chunks; idx += kTcThreads) {
+    for (int idx = threadIdx.x; idx < kRows * chunks; idx += kThreads) {
       const int r = idx / chunks, c = idx % chunks;
       const int64_t i = i0 + r, j = j0 + c * 16 / bytes;
       const int valid = i < p.queries ? static_cast<int>(max(int64_t{0}, min(int64_t{16}, (p.keys - j) * bytes))) : 0;
@@ -152,7 +153,7 @@ __device__ __forceinline__ void mask_tile_to_smem(const AttentionParams& p, unsi
     return;
   }
 #pragma unroll 1
-  for (int idx = threadIdx.x; idx < kRows * kCols; idx += kTcThreads) {
+  for (int idx = threadIdx.x; idx < kRows * kCols; idx += kThreads) {
     const int r = idx / kCols, c = idx % kCols;
     const int64_t i = i0 + r, j = j0 + c;
     const bool valid = i < p.queries && j < p.keys;
