@@ -17,12 +17,16 @@ namespace rudnn::cuda {
 namespace tc_forward {
 
 // kWgmma: the products by wgmma (wgmma.cuh), the block's four warps one warp group of 64 rows, the
-// tiles in swizzled panels (whole panels: head-dim buckets of 64, 128, 192 and 256).
-template <int kE, int kEv, bool kWgmma = false>
+// tiles in swizzled panels (whole panels: head-dim buckets of 64, 128, 192 and 256). Up to E = 128
+// its key tiles are 128 wide, so that Q K^T reads 64 rows of Q from shared memory per 128 keys (at
+// 64 keys an m64n64k16 from shared memory reads as many bytes per cycle as the multiprocessor
+// serves) and the softmax's row reductions and the barriers come half as often; kSplit's second
+// fragments of P keep 64.
+template <int kE, int kEv, bool kWgmma = false, bool kSplit = false>
 struct ForwardShape {
   // 16-row fragments per warp: mma.sync reads each K/V fragment for two where the registers allow.
   static constexpr int kMI = kE <= 128 && !kWgmma ? 2 : 1;
-  static constexpr int kBM = 16 * kMI * kTcWarps, kBN = 64, kNB = kBN / 8;
+  static constexpr int kBM = 16 * kMI * kTcWarps, kBN = kWgmma && kE <= 128 && !kSplit ? 128 : 64, kNB = kBN / 8;
   static constexpr int kLdK = kWgmma ? kE : tc_ld<kE>(), kLdV = kWgmma ? kEv : tc_ld<kEv>();
   using LayoutQ = std::conditional_t<kWgmma, SwizzledTile<kBM>, PaddedTile<kE>>;
   using LayoutK = std::conditional_t<kWgmma, SwizzledTile<kBN>, PaddedTile<kE>>;
@@ -39,10 +43,10 @@ struct ForwardShape {
 
 // Blocks per multiprocessor the kernel is compiled for. E = 192, Ev = 128: shared memory holds
 // three, and the plain kernel fits their register share (168) without spilling; left free it took
-// 189 registers, so two. The wgmma kernels (one warp group of 64 rows) fit four blocks' share at
-// head dim 64 (128 registers) and three at 128 (163; 200 left free) without spilling.
+// 189 registers, so two. The wgmma kernels (one warp group of 64 rows, 128 keys) fit three blocks'
+// share at head dim 64 and two at 128 without spilling.
 constexpr int forward_min_blocks(int e, int ev, bool rotary, bool split, bool wgmma) {
-  if (wgmma && e <= 128) return e <= 64 ? 4 : 3;
+  if (wgmma && e <= 128) return e <= 64 ? 3 : 2;
   return e == 192 && ev == 128 && !rotary && !split ? 3 : 1;
 }
 
@@ -105,7 +109,7 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
     attention_forward_tc_kernel(const AttentionParams p, scalar_t* __restrict__ out, float* __restrict__ lse,
                                 const bool* __restrict__ kv_finite) {
   static_assert(!(kWgmma && kRotary), "fused RoPE runs on the mma.sync products");
-  using Shape = ForwardShape<kE, kEv, kWgmma>;
+  using Shape = ForwardShape<kE, kEv, kWgmma, kSplit>;
   using LayoutQ = typename Shape::LayoutQ;
   using LayoutK = typename Shape::LayoutK;
   using LayoutV = typename Shape::LayoutV;
@@ -188,8 +192,14 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
 
     fragment_scores(p, s, b, row0, j0, tile_on_edge(p, b, row0, 16 * kMI, j0, kBN));
     if (in.masked) fragment_add_mask<scalar_t, kMI, kNB, kBN>(p, s, sMask, warp * 16 * kMI, 0);
-    uint32_t keep[kMI] = {};
-    if (p.has_dropout) fragment_keep_bits<kMI, kNB>(p, rng, keep, b, h, row0, j0, in.dropout_aligned);
+    // Keep bits per 64 keys: four bits per 8-key block in a word.
+    uint32_t keep[kNB / 8][kMI] = {};
+    if (p.has_dropout) {
+#pragma unroll
+      for (int half = 0; half < kNB / 8; ++half) {
+        fragment_keep_bits<kMI, 8>(p, rng, keep[half], b, h, row0, j0 + 64 * half, in.dropout_aligned);
+      }
+    }
     // m' = max(m, max_j s_ij);  l' = l 2^(m - m') + sum_j P_ij;  o' = o 2^(m - m') + (P∘M) V
 #pragma unroll
     for (int mi = 0; mi < kMI; ++mi) {
@@ -209,7 +219,7 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
           for (int e = 2 * r; e < 2 * r + 2; ++e) {
             s[mi][nb][e] = exp2_ftz(s[mi][nb][e] - m_safe);
             sum += s[mi][nb][e];
-            if (p.has_dropout && !((keep[mi] >> (4 * nb + e)) & 1)) s[mi][nb][e] = 0.0f;
+            if (p.has_dropout && !((keep[nb / 8][mi] >> (4 * (nb % 8) + e)) & 1)) s[mi][nb][e] = 0.0f;
           }
         }
         l[mi][r] = l[mi][r] * rescale + sum;
@@ -266,7 +276,7 @@ void launch_forward_tc(const AttentionParams& p, bool wgmma, scalar_t* out, floa
         constexpr bool kRotary = decltype(rotary)::value, kSplit = decltype(split)::value;
         const auto launch = [&](auto with_wgmma) {
           constexpr bool kWgmma = decltype(with_wgmma)::value;
-          using Shape = ForwardShape<kE, kEv, kWgmma>;
+          using Shape = ForwardShape<kE, kEv, kWgmma, kSplit>;
           launch_threads(attention_forward_tc_kernel<scalar_t, kE, kEv, kRotary, kSplit, kWgmma>,
                          tile_grid(p.queries, Shape::kBM, p.heads, p.batch), kTcThreads,
                          Shape::kSmem + mask_tile_bytes<scalar_t, Shape::kBM, Shape::kBN>(p.mask_kind) +

@@ -97,6 +97,19 @@ __device__ __forceinline__ void wgmma_ss_n64(float (&d)[8][4], uint64_t desc_a, 
                  : "l"(desc_a), "l"(desc_b), "r"(1));
   }
 }
+// Q K^T over 128 keys: both K-major.
+#define RUDNN_WGMMA_SS_N128(type)                                                                     \
+  asm volatile(RUDNN_WGMMA_ASM("m64n128k16", type, RUDNN_WGMMA_R16, 66, "%64, %65, p, 1, 1, 0, 0") \
+               : RUDNN_WGMMA_D16                                                                   \
+               : "l"(desc_a), "l"(desc_b), "r"(1))
+template <typename scalar_t>
+__device__ __forceinline__ void wgmma_ss_n128(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b) {
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    RUDNN_WGMMA_SS_N128("bf16");
+  } else {
+    RUDNN_WGMMA_SS_N128("f16");
+  }
+}
 // P V: A in registers (mma.cuh's A fragment), B in shared memory read transposed.
 template <typename scalar_t>
 __device__ __forceinline__ void wgmma_rs_n64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) {
@@ -132,6 +145,8 @@ __device__ __forceinline__ void wgmma_end() {
 // Other targets: never launched (the host checks RUDNN_WGMMA and the device).
 template <typename scalar_t, int N>
 __device__ __forceinline__ void wgmma_ss_n64(float (&)[N][4], uint64_t, uint64_t) { __trap(); }
+template <typename scalar_t>
+__device__ __forceinline__ void wgmma_ss_n128(float (&)[16][4], uint64_t, uint64_t) { __trap(); }
 template <typename scalar_t, int N>
 __device__ __forceinline__ void wgmma_rs_n64(float (&)[N][4], const uint32_t (&)[4], uint64_t) { __trap(); }
 template <typename scalar_t, int N>
@@ -145,11 +160,16 @@ __device__ __forceinline__ void wgmma_end() {}
 // 16-column step moves 32 bytes within a panel's swizzled rows.
 template <typename scalar_t, int kRowsA, int kN, int kDepth>
 __device__ __forceinline__ void wgmma_issue_nt(float (&d)[kN / 8][4], const scalar_t* sA, const scalar_t* sB) {
-  static_assert(kN == 64, "products of 64 columns");
+  static_assert(kN == 64 || kN == 128, "products of 64 or 128 columns");
 #pragma unroll
   for (int ks = 0; ks < kDepth / 16; ++ks) {
-    wgmma_ss_n64<scalar_t>(d, wgmma_descriptor(sA + SwizzledTile<kRowsA>::offset(0, 16 * ks), 16, 1024),
-                           wgmma_descriptor(sB + SwizzledTile<kN>::offset(0, 16 * ks), 16, 1024));
+    const uint64_t desc_a = wgmma_descriptor(sA + SwizzledTile<kRowsA>::offset(0, 16 * ks), 16, 1024);
+    const uint64_t desc_b = wgmma_descriptor(sB + SwizzledTile<kN>::offset(0, 16 * ks), 16, 1024);
+    if constexpr (kN == 128) {
+      wgmma_ss_n128<scalar_t>(d, desc_a, desc_b);
+    } else {
+      wgmma_ss_n64<scalar_t>(d, desc_a, desc_b);
+    }
   }
 }
 
