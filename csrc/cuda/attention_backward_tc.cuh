@@ -110,12 +110,8 @@ __global__ void __launch_bounds__(kTcThreads)
   const auto sV = [=](int buf) { return sK(buf) + kBN * kLdK; };
   unsigned char* sMask = smem + Shape::kSmem;
 
-  const RowRange keys = document_keys(p, b, i0, kBM, kBN);
-  int64_t key_end = keys.end;
-  if (p.is_causal && a.kv_finite[b * p.kv_heads + hk]) {
-    const int64_t last_row = min(i0 + kBM, p.queries) - 1;
-    key_end = max(int64_t{0}, min(key_end, last_row + p.shard.query_start - p.shard.key_start + 1));
-  }
+  const RowRange keys = visible_keys(p, a.kv_finite, b, hk, i0, kBM, kBN);
+  const int64_t key_end = keys.end;
   tile_to_smem_async<scalar_t, kBM, kE, kTcThreads>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
   tile_to_smem_async<scalar_t, kBM, kEv, kTcThreads>(sDO, a.dout, a.dout_strides, b, h, i0, p.queries, Ev, in.dout);
   tile_to_smem_async<scalar_t, kBN, kE, kTcThreads>(sK(0), p.k, p.k_strides, b, hk, keys.begin, key_end, E, in.k);

@@ -70,12 +70,8 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
   constexpr int kBuffers = stream_buffers(kE, kEv, kGroups);
   unsigned char* sMask = reinterpret_cast<unsigned char*>(sK(kBuffers));
 
-  const RowRange keys = document_keys(p, b, block_i0, kBlockRows, kTile);
-  int64_t key_end = keys.end;
-  if (p.is_causal && a.kv_finite[b * p.kv_heads + hk]) {
-    const int64_t last_row = min(block_i0 + kBlockRows, p.queries) - 1;
-    key_end = max(int64_t{0}, min(key_end, last_row + p.shard.query_start - p.shard.key_start + 1));
-  }
+  const RowRange keys = visible_keys(p, a.kv_finite, b, hk, block_i0, kBlockRows, kTile);
+  const int64_t key_end = keys.end;
   const auto load_keys = [&](int buf, int64_t j0) {
     tile_to_smem_async<scalar_t, kTile, kE, kThreads, Tile>(sK(buf), p.k, p.k_strides, b, hk, j0, key_end, E, in.k);
     tile_to_smem_async<scalar_t, kTile, kEv, kThreads, Tile>(sV(buf), p.v, p.v_strides, b, hk, j0, key_end, Ev, in.v);

@@ -133,14 +133,9 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
   float* sTable = reinterpret_cast<float*>(sMask + mask_tile_bytes<scalar_t, kBM, kBN>(p.mask_kind));
   constexpr bool kTableInSmem = Shape::kTableInSmem && kRotary;
 
-  // Tiles past the causal frontier are skipped unless K or V holds a non-finite value, which
-  // PyTorch's math path carries into every row (NaN - inf, and zero weights times inf).
-  const RowRange keys = document_keys(p, b, i0, kBM, kBN);
-  int64_t key_end = keys.end;
-  if (p.is_causal && kv_finite[b * p.kv_heads + hk]) {
-    const int64_t last_row = min(i0 + kBM, p.queries) - 1;
-    key_end = max(int64_t{0}, min(key_end, last_row + p.shard.query_start - p.shard.key_start + 1));
-  }
+  // Tiles past the causal frontier are skipped unless K or V holds a non-finite value.
+  const RowRange keys = visible_keys(p, kv_finite, b, hk, i0, kBM, kBN);
+  const int64_t key_end = keys.end;
   tile_to_smem_async<scalar_t, kBM, kE, kTcThreads, LayoutQ>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
   tile_to_smem_async<scalar_t, kBN, kE, kTcThreads, LayoutK>(sK, p.k, p.k_strides, b, hk, keys.begin, key_end, E,
                                                              in.k);

@@ -205,6 +205,19 @@ __device__ __forceinline__ RowRange document_keys(const AttentionParams& p, int6
   const int64_t row0 = b * p.queries;
   return document_span(p.key_windows, row0 + i0, row0 + min(i0 + rows, p.queries) - 1, p.keys, align);
 }
+// The keys query rows [first, first + rows) of batch b (head group hk) see: their documents' (from
+// a multiple of `align`) and, unless K or V holds a non-finite value (kv_finite), which PyTorch's
+// math path carries into every row (NaN - inf, and zero weights times inf), those up to the
+// causal frontier.
+__device__ __forceinline__ RowRange visible_keys(const AttentionParams& p, const bool* kv_finite, int64_t b,
+                                                 int64_t hk, int64_t first, int rows, int align) {
+  RowRange keys = document_keys(p, b, first, rows, align);
+  if (p.is_causal && kv_finite[b * p.kv_heads + hk]) {
+    const int64_t last_row = min(first + rows, p.queries) - 1;
+    keys.end = max(int64_t{0}, min(keys.end, last_row + p.shard.query_start - p.shard.key_start + 1));
+  }
+  return keys;
+}
 // The query rows that see keys [j0, j0 + keys) of batch b.
 __device__ __forceinline__ RowRange document_queries(const AttentionParams& p, int64_t b, int64_t j0, int keys,
                                                      int align) {
