@@ -26,16 +26,23 @@ __device__ __forceinline__ void fragment_row_statistics(const AttentionParams& p
 }
 
 // lse and D of query rows [i0, i0 + kRows) of head h into stats[0, kRows) and stats[kRows, 2 kRows),
-// by the block's first 2 kRows threads.
+// by the block's first 2 kRows threads: by cp.async in the caller's next group where every row is
+// a query (the common case: a load the thread would otherwise wait on), else read and stored, past
+// the last query as a row no key reaches (lse +inf, D 0).
 template <int kRows>
 __device__ __forceinline__ void rows_statistics_to_smem(const AttentionParams& p, const BackwardArgs<float>& a,
                                                         float* stats, int64_t b, int64_t h, int64_t i0) {
+  if (threadIdx.x >= 2 * kRows) return;
+  const bool second = threadIdx.x >= kRows;
   const int r = threadIdx.x % kRows;
-  const int64_t i = i0 + r, at = (b * p.heads + h) * p.queries + i;
-  if (threadIdx.x < kRows)
-    stats[r] = i < p.queries ? a.lse_unit[at] : INFINITY;
-  else if (threadIdx.x < 2 * kRows)
-    stats[kRows + r] = i < p.queries ? a.delta[at] : 0.0f;
+  const int64_t i = i0 + r;
+  const float* src = (second ? a.delta : a.lse_unit) + (b * p.heads + h) * p.queries + i;
+  float* dst = stats + (second ? kRows : 0) + r;
+  if (i0 + kRows <= p.queries) {
+    cp_async_small(dst, src, 4);
+  } else {
+    *dst = i < p.queries ? *src : second ? 0.0f : INFINITY;
+  }
 }
 
 // A key tile's sweep in the dK/dV kernels: the query tiles of `tile_rows` rows that see keys

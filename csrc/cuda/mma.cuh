@@ -50,6 +50,24 @@ __device__ __forceinline__ void tile_to_smem_async(scalar_t* tile, const void* b
     const int r0 = threadIdx.x / kChunks, c = threadIdx.x % kChunks;
     const scalar_t* src = at_row<scalar_t>(base, s, b, h, row0 + r0) + c * 8;
     const bool column_valid = c * 8 < cols;
+    // A whole tile, the common case, without a check per row. Both layouts repeat every 8 rows
+    // (the swizzle's period) one offset apart, so a thread places its kPhases row phases once and
+    // steps by a constant from them.
+    constexpr int kPhases = kStep % 8 == 0 ? 1 : kStep % 4 == 0 ? 2 : kStep % 2 == 0 ? 4 : 8;
+    if constexpr (kRows % (kStep * kPhases) == 0) {
+      if (column_valid && row0 + kRows <= rows) {
+        constexpr int kPeriodOffset = Layout::offset(kStep * kPhases, 0);
+        scalar_t* dst[kPhases];
+#pragma unroll
+        for (int phase = 0; phase < kPhases; ++phase) dst[phase] = tile + Layout::offset(r0 + kStep * phase, c * 8);
+        const int64_t step = kStep * s.row;
+#pragma unroll
+        for (int k = 0; k < kRows / kStep; ++k, src += step) {
+          cp_async16(dst[k % kPhases] + k / kPhases * kPeriodOffset, src);
+        }
+        return;
+      }
+    }
 #pragma unroll
     for (int r = r0; r < kRows; r += kStep, src += kStep * s.row) {
       const bool valid = column_valid && row0 + r < rows;

@@ -140,6 +140,30 @@ __device__ __forceinline__ void mask_tile_to_smem(const AttentionParams& p, unsi
   const Strides4& ms = p.mask_strides;
   const int bytes = mask_element_bytes<scalar_t>(p.mask_kind), ld = mask_tile_ld(kCols, bytes);
   const unsigned char* mask = static_cast<const unsigned char*>(p.mask);
+  if (async && i0 + kRows <= p.queries && j0 + kCols <= p.keys) {
+    // A whole tile, the common case: the element size a compile-time constant, so that a thread's
+    // chunk column and row step are too, and no bound is checked.
+    const auto whole_tile = [&](auto element_bytes) {
+      constexpr int kBytes = decltype(element_bytes)::value, kChunks = kCols * kBytes / 16;
+      constexpr int kLd = mask_tile_ld(kCols, kBytes);
+      static_assert(kThreads % kChunks == 0 && kRows % (kThreads / kChunks) == 0, "whole rows per pass");
+      constexpr int kStep = kThreads / kChunks;
+      const int r0 = threadIdx.x / kChunks, c = threadIdx.x % kChunks;
+      const unsigned char* src = mask + (b * ms.batch + h * ms.head + (i0 + r0) * ms.row + j0) * kBytes + 16 * c;
+      unsigned char* dst = tile + r0 * kLd + 16 * c;
+      const int64_t step = kStep * ms.row * kBytes;
+#pragma unroll
+      for (int k = 0; k < kRows / kStep; ++k, src += step) cp_async16(dst + k * kStep * kLd, src);
+    };
+    if (bytes == 1) {
+      whole_tile(std::integral_constant<int, 1>{});
+    } else if (bytes == 2) {
+      whole_tile(std::integral_constant<int, 2>{});
+    } else {
+      whole_tile(std::integral_constant<int, 4>{});
+    }
+    return;
+  }
   if (async) {
     const int chunks = kCols * bytes / 16;
 #pragma unroll 1
@@ -279,7 +303,9 @@ __device__ __forceinline__ void fragment_keep_bits(const AttentionParams& p, con
     const int64_t i = row0 + 16 * mi + g;
     if (aligned) {
       const uint64_t pos = p.shard.row_position(b, h, i + 8 * odd) + static_cast<uint64_t>(j0 + 2 * t);
-#pragma unroll 1
+      // Two Philox blocks in flight: at two warps a scheduler one block's chain of dependent
+      // multiplies would leave it idle.
+#pragma unroll 2
       for (int nb = 0; nb < kNB; ++nb) {
         const Philox4 x = rng.block(pos + 8 * nb);
         uint32_t k = 0;
@@ -318,7 +344,7 @@ __device__ __forceinline__ void fragment_keep_bits_key_rows(const AttentionParam
   bits = 0;
   if (aligned) {
     const uint64_t key = static_cast<uint64_t>(j0 + 4 * t);
-#pragma unroll 1
+#pragma unroll 2  // two Philox blocks in flight, as in fragment_keep_bits
     for (int nb = 0; nb < kNB; ++nb) {
       const Philox4 x = rng.block(p.shard.row_position(b, h, row0 + 8 * nb + g) + key);
       uint32_t k = 0;
