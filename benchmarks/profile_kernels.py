@@ -16,6 +16,8 @@ from rudnn import benchmark
 
 CASES = [benchmark.Case(8, 16, 4096, 128, dtype=torch.bfloat16),
          benchmark.Case(8, 16, 4096, 128, dtype=torch.bfloat16, causal=True),
+         benchmark.Case(8, 16, 4096, 128, kv_heads=2, dtype=torch.bfloat16),
+         benchmark.Case(2, 16, 16384, 64, dtype=torch.bfloat16),
          benchmark.Case(8, 16, 4096, 128, dtype=torch.bfloat16, mask="bool"),
          benchmark.Case(8, 16, 4096, 128, dtype=torch.bfloat16, dropout=0.1),
          benchmark.Case(4, 16, 2048, 64, dtype=torch.float32, mask="bool", dropout=0.1)]
@@ -33,7 +35,7 @@ for case in CASES:
 
     def step():
         out = rudnn.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=case.dropout,
-                                                 is_causal=case.causal)
+                                                 is_causal=case.causal, enable_gqa=q.size(1) != k.size(1))
         torch.autograd.grad(out, (q, k, v), grad)
 
     step()

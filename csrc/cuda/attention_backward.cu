@@ -480,12 +480,13 @@ void attention_backward_cuda(const AttentionProblem& pb, const at::Tensor& grad_
   }
   BackwardTensors t;
   t.grad_out = grad_out;
+  t.out = out;
   t.lse_unit = lse.to(pb.q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat) * p.score_unit();
   t.lse_unit.masked_fill_(t.lse_unit == -INFINITY, INFINITY);
   t.lse_unit = t.lse_unit.contiguous();
   t.kv_finite = keys_values_finite(pb);
   if (backward_kernels(pb).tensor_cores) {
-    attention_backward_tc(pb, t, out, grad_lse, dq, dk, dv, dmask);
+    attention_backward_tc(pb, t, grad_lse, dq, dk, dv, dmask);
     return;
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dq.scalar_type(), "rudnn_attention_backward_cuda", [&] {

@@ -1,6 +1,6 @@
-// Host side of the tensor-core backward (kernels in attention_backward_tc.cuh): D from the rounded
-// output, the group sums GQA rounds into, the launches for the input dtype, the mask gradient's
-// included.
+// Host side of the tensor-core backward (kernels in attention_backward_tc.cuh): the buffers of D,
+// which the dQ kernel forms, and of the group sums GQA rounds into, the launches for the input
+// dtype, the mask gradient's included.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 
@@ -9,13 +9,11 @@
 
 namespace rudnn::cuda {
 
-void attention_backward_tc(const AttentionProblem& pb, BackwardTensors& t, const at::Tensor& out,
-                           const std::optional<at::Tensor>& grad_lse, const at::Tensor& dq, const at::Tensor& dk,
-                           const at::Tensor& dv, const at::Tensor& dmask) {
+void attention_backward_tc(const AttentionProblem& pb, BackwardTensors& t, const std::optional<at::Tensor>& grad_lse,
+                           const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv, const at::Tensor& dmask) {
   const AttentionParams& p = pb.params;
-  t.delta = t.grad_out.to(at::kFloat).mul_(out.to(at::kFloat)).sum(-1);
-  if (grad_lse.has_value()) t.delta.sub_(*grad_lse);
-  t.delta = t.delta.contiguous();
+  t.delta = at::empty({p.batch, p.heads, p.queries}, dq.options().dtype(at::kFloat));
+  if (grad_lse.has_value()) t.grad_lse = grad_lse->to(at::kFloat).contiguous();
   const BackwardArgs<float> a = backward_args<float>(t);
   const at::Tensor group_sums = p.group() > 1 ? at::empty({p.batch, p.kv_heads, p.keys, p.head_dim + p.value_dim},
                                                           dq.options().dtype(at::kFloat))

@@ -119,7 +119,8 @@ __global__ void __launch_bounds__(kTcThreads)
   cp_async_commit();
 
   float lse[kMI][2], delta[kMI][2];
-  fragment_row_statistics(p, a, rows, row0, lse, delta);
+  fragment_row_lse(p, a, rows, row0, lse);
+  form_fragment_delta<scalar_t, kEv>(p, a, b, h, rows, row0, delta);
   const DropoutRng rng = device_rng(p);
   float acc[kMI][kE / 8][4] = {};
   for (int64_t j0 = keys.begin, tile = 0; j0 < key_end; j0 += kBN, ++tile) {

@@ -13,6 +13,7 @@ namespace rudnn::cuda {
 // Host side: the tensors, in the compute type where they are statistics.
 struct BackwardTensors {
   at::Tensor grad_out;   // (B, H, L, Ev)
+  at::Tensor out;        // (B, H, L, Ev): the forward's output, for D
   at::Tensor lse_unit;   // (B, H, L), contiguous: lse * unit, +inf for rows with no keys
   at::Tensor delta;      // (B, H, L), contiguous: D_i = sum_j P_ij dP_ij - dLSE_i
   at::Tensor grad_lse;   // (B, H, L), contiguous, or undefined: subtracted where a kernel forms D
@@ -24,6 +25,8 @@ template <typename acc_t>
 struct BackwardArgs {
   const void* dout;
   Strides4 dout_strides;
+  const void* out;
+  Strides4 out_strides;
   const acc_t* lse_unit;  // base^(s - lse_unit) = 0 on rows with no keys
   acc_t* delta;           // written by the dQ kernel when it forms D
   const acc_t* grad_lse;
@@ -34,6 +37,8 @@ template <typename acc_t>
 BackwardArgs<acc_t> backward_args(const BackwardTensors& t) {
   return BackwardArgs<acc_t>{t.grad_out.const_data_ptr(),
                              strides_of(t.grad_out),
+                             t.out.const_data_ptr(),
+                             strides_of(t.out),
                              t.lse_unit.const_data_ptr<acc_t>(),
                              t.delta.data_ptr<acc_t>(),
                              t.grad_lse.defined() ? t.grad_lse.const_data_ptr<acc_t>() : nullptr,
@@ -74,11 +79,10 @@ __device__ __forceinline__ void query_tile_probabilities(const AttentionParams& 
   }
 }
 
-// The tensor-core backward (attention_backward_tc.cu) for problems backward_kernels admits: D from
-// rowsum(dO ∘ O) into t.delta, then dQ, dK, dV and, when defined, dMask.
-void attention_backward_tc(const AttentionProblem& pb, BackwardTensors& t, const at::Tensor& out,
-                           const std::optional<at::Tensor>& grad_lse, const at::Tensor& dq, const at::Tensor& dk,
-                           const at::Tensor& dv, const at::Tensor& dmask);
+// The tensor-core backward (attention_backward_tc.cu) for problems backward_kernels admits: dQ
+// (its kernel forming D = rowsum(dO ∘ O) into t.delta), dK, dV and, when defined, dMask.
+void attention_backward_tc(const AttentionProblem& pb, BackwardTensors& t, const std::optional<at::Tensor>& grad_lse,
+                           const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv, const at::Tensor& dmask);
 
 // Its kernels' launches for one input dtype (attention_backward_tc.cuh, instantiated in
 // attention_backward_tc_bf16.cu and attention_backward_tc_f16.cu).

@@ -8,12 +8,11 @@
 
 namespace rudnn::cuda {
 
-// lse and D of a warp's fragment rows row0 + 16 mi + g (+ 8) of a head (its rows from `rows`):
-// +inf and 0 past the queries, where P is then 0.
+// lse of a warp's fragment rows row0 + 16 mi + g (+ 8) of a head (its rows from `rows`): +inf past
+// the queries, where P is then 0.
 template <int kMI>
-__device__ __forceinline__ void fragment_row_statistics(const AttentionParams& p, const BackwardArgs<float>& a,
-                                                        int64_t rows, int64_t row0, float (&lse)[kMI][2],
-                                                        float (&delta)[kMI][2]) {
+__device__ __forceinline__ void fragment_row_lse(const AttentionParams& p, const BackwardArgs<float>& a, int64_t rows,
+                                                 int64_t row0, float (&lse)[kMI][2]) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int mi = 0; mi < kMI; ++mi)
@@ -21,7 +20,69 @@ __device__ __forceinline__ void fragment_row_statistics(const AttentionParams& p
     for (int r = 0; r < 2; ++r) {
       const int64_t i = row0 + 16 * mi + lane / 4 + 8 * r;
       lse[mi][r] = i < p.queries ? a.lse_unit[rows + i] : INFINITY;
+    }
+}
+
+// The same rows' lse and D (0 past the queries), D as the dQ kernel stored it.
+template <int kMI>
+__device__ __forceinline__ void fragment_row_statistics(const AttentionParams& p, const BackwardArgs<float>& a,
+                                                        int64_t rows, int64_t row0, float (&lse)[kMI][2],
+                                                        float (&delta)[kMI][2]) {
+  fragment_row_lse(p, a, rows, row0, lse);
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t i = row0 + 16 * mi + lane / 4 + 8 * r;
       delta[mi][r] = i < p.queries ? a.delta[rows + i] : 0.0f;
+    }
+}
+
+// The dQ kernels' D of a warp's fragment rows row0 + 16 mi + g (+ 8) of head (b, h) (its rows from
+// `rows`): rowsum(dO ∘ O) from the rounded output, as FlashAttention forms it, less dLSE, in
+// float32, 0 past the queries. The warp owns these rows, so it stores them for the dK/dV and
+// mask-gradient kernels that run after it and waits on no one. Each lane of a quad sums every
+// fourth 8-column chunk of its two rows (Ev <= kEv), every load issued before the first returns,
+// and the quad adds up.
+template <typename scalar_t, int kEv, int kMI>
+__device__ __forceinline__ void form_fragment_delta(const AttentionParams& p, const BackwardArgs<float>& a, int64_t b,
+                                                    int64_t h, int64_t rows, int64_t row0, float (&delta)[kMI][2]) {
+  const int lane = threadIdx.x % 32, t = lane % 4;
+  const int Ev = static_cast<int>(p.value_dim);
+#pragma unroll
+  for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t i = row0 + 16 * mi + lane / 4 + 8 * r;
+      float sum = 0.0f;
+      if (i < p.queries) {
+        const scalar_t* dout = at_row<scalar_t>(a.dout, a.dout_strides, b, h, i);
+        const scalar_t* out = at_row<scalar_t>(a.out, a.out_strides, b, h, i);
+#pragma unroll
+        for (int c = 8 * t; c < kEv; c += 32) {
+          if (c >= Ev) break;
+          scalar_t x[8] = {}, y[8] = {};
+          load_run<8>(dout + c * a.dout_strides.col, a.dout_strides.col, Ev - c, x);
+          load_run<8>(out + c * a.out_strides.col, a.out_strides.col, Ev - c, y);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) sum += static_cast<float>(x[e]) * static_cast<float>(y[e]);
+        }
+      }
+      delta[mi][r] = sum;
+    }
+#pragma unroll
+  for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t i = row0 + 16 * mi + lane / 4 + 8 * r;
+      float& sum = delta[mi][r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      if (i < p.queries) {
+        if (a.grad_lse != nullptr) sum -= a.grad_lse[rows + i];
+        if (t == 0) a.delta[rows + i] = sum;
+      }
     }
 }
 
@@ -116,27 +177,39 @@ __device__ __forceinline__ void store_rows_tc(const float (&acc)[kCols / 8][4], 
 
 // Adds a warp's accumulator of 16 key rows, rounded to the input dtype, to the group's running
 // sums (GQA in flash numerics: FlashAttention rounds each query head's dK/dV before summing
-// them), and clears it for the next head; the group's last head writes the sums out.
+// them), and clears it for the next head; the group's last head writes the sums out. Columns
+// d, d + 1 move as one 8-byte pair where the sums' rows allow.
 template <typename scalar_t, int kCols>
 __device__ __forceinline__ void add_group_sum(float (&acc)[kCols / 8][4], float factor, float* sums, int sum_cols,
                                               scalar_t* out, int64_t row0, int64_t rows, int cols, bool first,
                                               bool last) {
   const int lane = threadIdx.x % 32;
+  const bool pairs = sum_cols % 2 == 0 && reinterpret_cast<uintptr_t>(sums) % 8 == 0;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t j = row0 + lane / 4 + 8 * r;
     if (j >= rows) continue;
+    float* sum_row = sums + j * sum_cols;
 #pragma unroll
     for (int c = 0; c < kCols / 8; ++c) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int d = 8 * c + 2 * (lane % 4) + e;
-        if (d >= cols) continue;
-        const float x = (first ? 0.0f : sums[j * sum_cols + d]) + round_to<scalar_t>(acc[c][2 * r + e] * factor);
-        if (last)
-          out[j * cols + d] = static_cast<scalar_t>(x);
-        else
-          sums[j * sum_cols + d] = x;
+      const int d = 8 * c + 2 * (lane % 4);
+      if (d >= cols) continue;
+      const bool pair = pairs && d + 1 < cols;
+      float2 x = make_float2(round_to<scalar_t>(acc[c][2 * r] * factor),
+                             round_to<scalar_t>(acc[c][2 * r + 1] * factor));
+      if (!first) {
+        const float2 before = pair ? *reinterpret_cast<const float2*>(sum_row + d)
+                                   : make_float2(sum_row[d], d + 1 < cols ? sum_row[d + 1] : 0.0f);
+        x.x += before.x;
+        x.y += before.y;
+      }
+      if (last) {
+        store_pair(out + j * cols, d, cols, x.x, x.y);
+      } else if (pair) {
+        *reinterpret_cast<float2*>(sum_row + d) = x;
+      } else {
+        sum_row[d] = x.x;
+        if (d + 1 < cols) sum_row[d + 1] = x.y;
       }
     }
   }
