@@ -1,12 +1,11 @@
 // Backward on the tensor cores (float16/bfloat16, flash numerics), deterministic, in the seed's
 // split: a query-owned kernel for dQ and a key-owned kernel for dK and dV, neither with atomics.
 // Both recompute P = base^(s - lse) and dS = P (M dP - D) per tile in registers, with
-// D = rowsum(dO ∘ O) - dLSE formed beforehand by ATen from the rounded output (FlashAttention's D).
+// D = rowsum(dO ∘ O) - dLSE from the rounded output (FlashAttention's D), which the dQ kernel forms.
 //   dQ kernel: four warps own 32 query rows each (16 for heads wider than 64, whose accumulators
 //   take the registers); K/V tiles of 32 keys (64) are double-buffered.
-//   dK/dV kernel: four warps own 16 keys each; it sweeps every head of the GQA group and every
-//   query tile of 64 rows (double-buffered Q, dO and their rows' statistics), a few 16-row
-//   fragments at a time, and turns P and dS into the left operands of P^T dO and dS^T Q with
+//   dK/dV kernel: four warps own 16 keys each of one query head; it sweeps every query tile of 64
+//   rows (double-buffered Q, dO and their rows' statistics), a few 16-row fragments at a time, and turns P and dS into the left operands of P^T dO and dS^T Q with
 //   movmatrix transposes. Heads wider than 128 run it twice, for dK and for dV, each accumulator
 //   alone in registers.
 // launch_backward_tc is instantiated once per input dtype (attention_backward_tc_bf16.cu,
@@ -186,13 +185,14 @@ __device__ __forceinline__ void transposed_a(uint32_t (&a)[4], const float (&x)[
 template <typename scalar_t, int kE, int kEv, int kGrads, bool kRotary>
 __global__ void __launch_bounds__(kTcThreads)
     attention_dkdv_tc_kernel(const AttentionParams p, const BackwardArgs<float> a, scalar_t* __restrict__ dk,
-                             scalar_t* __restrict__ dv, float* __restrict__ group_sums) {
+                             scalar_t* __restrict__ dv) {
   using Shape = BackwardShape<kE, kEv>;
   constexpr int kLdK = Shape::kLdK, kLdV = Shape::kLdV, kBM = kRowsPerTile, kMI = kBM / 16;
   constexpr int kPI = Shape::kPassFragments;
   const int warp = threadIdx.x / 32;
-  const int64_t b = blockIdx.z, hk = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * kRowsPerTile;
-  const int64_t kw0 = j0 + 16 * warp, key_rows = (b * p.kv_heads + hk) * p.keys;
+  const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / p.group();
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kRowsPerTile;
+  const int64_t kw0 = j0 + 16 * warp, key_rows = (b * gridDim.y + h) * p.keys;  // per query head under GQA
   const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
   const InputReads in = input_reads<scalar_t>(p, a.dout, a.dout_strides);
 
@@ -206,11 +206,11 @@ __global__ void __launch_bounds__(kTcThreads)
   unsigned char* sMask = smem + Shape::kSmem;
 
   const KeySweep sweep = key_sweep(p, a, b, hk, j0, kRowsPerTile, kBM);
-  const int64_t first_tile = sweep.first, tiles = sweep.tiles, steps = sweep.steps, group = p.group();
+  const int64_t first_tile = sweep.first, steps = sweep.tiles;
   // Step u's Q, dO and stats go to buffer u % 2.
   const auto load_step = [&](int64_t u) {
     const int buf = static_cast<int>(u % 2);
-    const int64_t h = hk * group + u / tiles, i0 = (first_tile + u % tiles) * kBM;
+    const int64_t i0 = (first_tile + u) * kBM;
     tile_to_smem_async<scalar_t, kBM, kE, kTcThreads>(sQ(buf), p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
     tile_to_smem_async<scalar_t, kBM, kEv, kTcThreads>(sDO(buf), a.dout, a.dout_strides, b, h, i0, p.queries, Ev,
                                                        in.dout);
@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(kTcThreads)
   float acc_k[1][kWantK ? kE / 8 : 1][4] = {}, acc_v[1][kWantV ? kEv / 8 : 1][4] = {};
   for (int64_t u = 0; u < steps; ++u) {
     const int buf = static_cast<int>(u % 2);
-    const int64_t h = hk * group + u / tiles, i0 = (first_tile + u % tiles) * kBM;
+    const int64_t i0 = (first_tile + u) * kBM;
     cp_async_wait<0>();
     __syncthreads();  // this step has landed, and every warp is done with the other buffer
     if (in.masked) {
@@ -284,21 +284,8 @@ __global__ void __launch_bounds__(kTcThreads)
         }
       }
     }
-    if (group_sums != nullptr && (u + 1) % tiles == 0) {
-      const bool first = u + 1 == tiles, last = u + 1 == steps;
-      float* sums = group_sums + key_rows * (E + Ev);
-      if constexpr (kWantK) {
-        add_group_sum<scalar_t, kE>(acc_k[0], static_cast<float>(p.scale), sums, E + Ev, dk + key_rows * E, kw0, p.keys,
-                                    E, first, last);
-      }
-      if constexpr (kWantV) {
-        add_group_sum<scalar_t, kEv>(acc_v[0], kept, sums + E, E + Ev, dv + key_rows * Ev, kw0, p.keys, Ev, first,
-                                     last);
-      }
-    }
   }
   cp_async_wait<0>();
-  if (group_sums != nullptr && steps > 0) return;
   if constexpr (kWantK)
     store_rows_tc<scalar_t, kE>(acc_k[0], static_cast<float>(p.scale), dk + key_rows * E, kw0, p.keys, E);
   if constexpr (kWantV) store_rows_tc<scalar_t, kEv>(acc_v[0], kept, dv + key_rows * Ev, kw0, p.keys, Ev);
@@ -306,17 +293,18 @@ __global__ void __launch_bounds__(kTcThreads)
 
 }  // namespace tc_backward
 
-// dQ, then dK and dV (group_sums: (B, Hkv, S, E + Ev) float32 where GQA rounds each head's part,
-// null otherwise); wgmma: by attention_backward_wgmma.cuh's kernels where the bucket allows.
+// dQ, then dK and dV: (B, H, S, E) and (B, H, S, Ev), each query head's under GQA (its sum over
+// the group is the caller's); wgmma: by attention_backward_wgmma.cuh's kernels where the bucket
+// allows.
 template <typename scalar_t>
-void launch_backward_tc(const AttentionParams& p, const BackwardArgs<float>& a, bool wgmma, float* group_sums,
-                        scalar_t* dq, scalar_t* dk, scalar_t* dv) {
+void launch_backward_tc(const AttentionParams& p, const BackwardArgs<float>& a, bool wgmma, scalar_t* dq,
+                        scalar_t* dk, scalar_t* dv) {
   using namespace tc_backward;
   dispatch_tc_dims(p.head_dim, p.value_dim, [&](auto e, auto ev) {
     constexpr int kE = decltype(e)::value, kEv = decltype(ev)::value;
 #ifdef RUDNN_WGMMA
     if constexpr (kE % 64 == 0 && kEv % 64 == 0) {
-      if (wgmma) return wgmma_backward::launch_backward_wgmma<scalar_t, kE, kEv>(p, a, group_sums, dq, dk, dv);
+      if (wgmma) return wgmma_backward::launch_backward_wgmma<scalar_t, kE, kEv>(p, a, dq, dk, dv);
     }
 #endif
     using Dq = DqShape<kE, kEv>;
@@ -324,17 +312,17 @@ void launch_backward_tc(const AttentionParams& p, const BackwardArgs<float>& a, 
                    kTcThreads, Dq::kSmem + mask_tile_bytes<scalar_t, Dq::kBM, Dq::kBN>(p.mask_kind), p, a, dq);
     const size_t smem =
         BackwardShape<kE, kEv>::kSmem + mask_tile_bytes<scalar_t, kRowsPerTile, kRowsPerTile>(p.mask_kind);
-    const dim3 key_grid = tile_grid(p.keys, kRowsPerTile, p.kv_heads, p.batch);
+    const dim3 key_grid = tile_grid(p.keys, kRowsPerTile, p.heads, p.batch);
     dispatch_flag(p.rotary(), [&](auto rotary) {
       constexpr bool kRotary = decltype(rotary)::value;
       if constexpr (kE <= 128 && kEv <= 128) {
         launch_threads(attention_dkdv_tc_kernel<scalar_t, kE, kEv, kGradKV, kRotary>, key_grid, kTcThreads, smem, p,
-                       a, dk, dv, group_sums);
+                       a, dk, dv);
       } else {
         launch_threads(attention_dkdv_tc_kernel<scalar_t, kE, kEv, kGradK, kRotary>, key_grid, kTcThreads, smem, p, a,
-                       dk, dv, group_sums);
+                       dk, dv);
         launch_threads(attention_dkdv_tc_kernel<scalar_t, kE, kEv, kGradV, kRotary>, key_grid, kTcThreads, smem, p, a,
-                       dk, dv, group_sums);
+                       dk, dv);
       }
     });
   });

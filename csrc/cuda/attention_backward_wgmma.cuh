@@ -6,8 +6,8 @@
 //   dQ kernel: 64 query rows a group; K/V tiles of 64 keys, double-buffered where stream_buffers
 //   says. S = Q K^T and dP = dO V^T come from shared memory together, and dS, rounded in
 //   registers, is the left operand of dQ += dS K.
-//   dK/dV kernel: 64 keys a group; it sweeps every head of the GQA group and every query tile of
-//   64 rows (Q, dO and their rows' statistics, buffered likewise). It forms S^T = K Q^T and
+//   dK/dV kernel: 64 keys a group of one query head; it sweeps every query tile of 64 rows (Q,
+//   dO and their rows' statistics, buffered likewise). It forms S^T = K Q^T and
 //   dP^T = V dO^T, the keys along the fragments' rows, so that P^T and dS^T in registers are the
 //   left operands of dV += P^T dO and dK += dS^T Q, with no transposes; the score rules, mask and
 //   dropout bits read the transposed fragments (tensor_core.cuh's kKeyRows). Heads wider than 128
@@ -127,12 +127,13 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
 template <typename scalar_t, int kE, int kEv, int kGroups, int kGrads>
 __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
     attention_dkdv_wgmma_kernel(const AttentionParams p, const BackwardArgs<float> a, scalar_t* __restrict__ dk,
-                                scalar_t* __restrict__ dv, float* __restrict__ group_sums) {
+                                scalar_t* __restrict__ dv) {
   constexpr bool kWantK = kGrads & kGradK, kWantV = kGrads & kGradV;
   constexpr int kThreads = kTcThreads * kGroups, kBlockKeys = kTile * kGroups;
   const int wg = threadIdx.x / kTcThreads, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
-  const int64_t b = blockIdx.z, hk = blockIdx.y, block_j0 = static_cast<int64_t>(blockIdx.x) * kBlockKeys;
-  const int64_t kw0 = block_j0 + kTile * wg + 16 * warp, key_rows = (b * p.kv_heads + hk) * p.keys;
+  const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / p.group();
+  const int64_t block_j0 = static_cast<int64_t>(blockIdx.x) * kBlockKeys, kw0 = block_j0 + kTile * wg + 16 * warp;
+  const int64_t key_rows = (b * gridDim.y + h) * p.keys;  // of dK and dV, per query head under GQA
   const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
   const InputReads in = input_reads<scalar_t>(p, a.dout, a.dout_strides);
 
@@ -148,11 +149,11 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
   unsigned char* sMask = reinterpret_cast<unsigned char*>(sStats + kBuffers * 2 * kTile);  // stats [buf][lse, D][row]
 
   const KeySweep sweep = key_sweep(p, a, b, hk, block_j0, kBlockKeys, kTile);
-  const int64_t first_tile = sweep.first, tiles = sweep.tiles, steps = sweep.steps, group = p.group();
+  const int64_t first_tile = sweep.first, steps = sweep.tiles;
   // Step u's Q, dO and stats go to buffer u % kBuffers.
   const auto load_step = [&](int64_t u) {
     const int buf = static_cast<int>(u % kBuffers);
-    const int64_t h = hk * group + u / tiles, i0 = (first_tile + u % tiles) * kTile;
+    const int64_t i0 = (first_tile + u) * kTile;
     tile_to_smem_async<scalar_t, kTile, kE, kThreads, Tile>(sQ(buf), p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
     tile_to_smem_async<scalar_t, kTile, kEv, kThreads, Tile>(sDO(buf), a.dout, a.dout_strides, b, h, i0, p.queries,
                                                              Ev, in.dout);
@@ -172,7 +173,7 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
   float acc_k[kWantK ? kE / 8 : 1][4] = {}, acc_v[kWantV ? kEv / 8 : 1][4] = {};
   for (int64_t u = 0; u < steps; ++u) {
     const int buf = static_cast<int>(u % kBuffers);
-    const int64_t h = hk * group + u / tiles, i0 = (first_tile + u % tiles) * kTile;
+    const int64_t i0 = (first_tile + u) * kTile;
     cp_async_wait<0>();
     fence_async_shared();
     __syncthreads();  // this step has landed, and every warp is done with the other buffer
@@ -230,21 +231,8 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
       load_step(u + 1);
       cp_async_commit();
     }
-
-    if (group_sums != nullptr && (u + 1) % tiles == 0) {
-      const bool first = u + 1 == tiles, last = u + 1 == steps;
-      float* sums = group_sums + key_rows * (E + Ev);
-      if constexpr (kWantK) {
-        add_group_sum<scalar_t, kE>(acc_k, static_cast<float>(p.scale), sums, E + Ev, dk + key_rows * E, kw0, p.keys, E,
-                                    first, last);
-      }
-      if constexpr (kWantV) {
-        add_group_sum<scalar_t, kEv>(acc_v, kept, sums + E, E + Ev, dv + key_rows * Ev, kw0, p.keys, Ev, first, last);
-      }
-    }
   }
   cp_async_wait<0>();
-  if (group_sums != nullptr && steps > 0) return;
   if constexpr (kWantK) {
     store_rows_tc<scalar_t, kE>(acc_k, static_cast<float>(p.scale), dk + key_rows * E, kw0, p.keys, E);
   }
@@ -262,18 +250,18 @@ size_t dkdv_smem(MaskKind mask) {
          mask_tile_bytes<scalar_t, kTile, kTile * kGroups>(mask);
 }
 
-// dQ, then dK and dV, with kGroups warp groups a block (group_sums: launch_backward_tc's).
+// dQ, then dK and dV (per query head: launch_backward_tc's), with kGroups warp groups a block.
 template <typename scalar_t, int kE, int kEv, int kGroups>
-void launch_backward_groups(const AttentionParams& p, const BackwardArgs<float>& a, float* group_sums, scalar_t* dq,
-                            scalar_t* dk, scalar_t* dv) {
+void launch_backward_groups(const AttentionParams& p, const BackwardArgs<float>& a, scalar_t* dq, scalar_t* dk,
+                            scalar_t* dv) {
   constexpr int kThreads = kTcThreads * kGroups, kBlockRows = kTile * kGroups;
   launch_threads(attention_dq_wgmma_kernel<scalar_t, kE, kEv, kGroups>,
                  tile_grid(p.queries, kBlockRows, p.heads, p.batch), kThreads,
                  dq_smem<scalar_t, kE, kEv, kGroups>(p.mask_kind), p, a, dq);
-  const dim3 key_grid = tile_grid(p.keys, kBlockRows, p.kv_heads, p.batch);
+  const dim3 key_grid = tile_grid(p.keys, kBlockRows, p.heads, p.batch);
   const auto launch_dkdv = [&](auto grads) {
     launch_threads(attention_dkdv_wgmma_kernel<scalar_t, kE, kEv, kGroups, decltype(grads)::value>, key_grid,
-                   kThreads, dkdv_smem<scalar_t, kE, kEv, kGroups>(p.mask_kind), p, a, dk, dv, group_sums);
+                   kThreads, dkdv_smem<scalar_t, kE, kEv, kGroups>(p.mask_kind), p, a, dk, dv);
   };
   if constexpr (kE <= 128 && kEv <= 128) {
     launch_dkdv(std::integral_constant<int, kGradKV>{});
@@ -287,15 +275,15 @@ void launch_backward_groups(const AttentionParams& p, const BackwardArgs<float>&
 // says and the kernels' shared memory fits beside their mask tiles (a float32 mask's may not at
 // 256), else one.
 template <typename scalar_t, int kE, int kEv>
-void launch_backward_wgmma(const AttentionParams& p, const BackwardArgs<float>& a, float* group_sums, scalar_t* dq,
-                           scalar_t* dk, scalar_t* dv) {
+void launch_backward_wgmma(const AttentionParams& p, const BackwardArgs<float>& a, scalar_t* dq, scalar_t* dk,
+                           scalar_t* dv) {
   static_assert(kE % 64 == 0 && kEv % 64 == 0, "wgmma tiles are whole 64-column panels");
   if constexpr (max_groups(kE, kEv) == 2) {
     const size_t need =
         std::max(dq_smem<scalar_t, kE, kEv, 2>(p.mask_kind), dkdv_smem<scalar_t, kE, kEv, 2>(p.mask_kind));
-    if (need <= max_shared_memory()) return launch_backward_groups<scalar_t, kE, kEv, 2>(p, a, group_sums, dq, dk, dv);
+    if (need <= max_shared_memory()) return launch_backward_groups<scalar_t, kE, kEv, 2>(p, a, dq, dk, dv);
   }
-  launch_backward_groups<scalar_t, kE, kEv, 1>(p, a, group_sums, dq, dk, dv);
+  launch_backward_groups<scalar_t, kE, kEv, 1>(p, a, dq, dk, dv);
 }
 
 }  // namespace wgmma_backward

@@ -85,10 +85,10 @@ void attention_backward_tc(const AttentionProblem& pb, BackwardTensors& t, const
                            const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv, const at::Tensor& dmask);
 
 // Its kernels' launches for one input dtype (attention_backward_tc.cuh, instantiated in
-// attention_backward_tc_bf16.cu and attention_backward_tc_f16.cu).
+// attention_backward_tc_bf16.cu and attention_backward_tc_f16.cu): dK and dV per query head.
 template <typename scalar_t>
-void launch_backward_tc(const AttentionParams& p, const BackwardArgs<float>& a, bool wgmma, float* group_sums,
-                        scalar_t* dq, scalar_t* dk, scalar_t* dv);
+void launch_backward_tc(const AttentionParams& p, const BackwardArgs<float>& a, bool wgmma, scalar_t* dq,
+                        scalar_t* dk, scalar_t* dv);
 
 // dMask (the canonical mask's shape, compute type) from D and the saved statistics, on CUDA cores.
 void mask_gradient_cuda(const AttentionProblem& pb, const BackwardTensors& t, const at::Tensor& dmask);

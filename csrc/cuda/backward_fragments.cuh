@@ -106,12 +106,10 @@ __device__ __forceinline__ void rows_statistics_to_smem(const AttentionParams& p
   }
 }
 
-// A key tile's sweep in the dK/dV kernels: the query tiles of `tile_rows` rows that see keys
-// [j0, j0 + keys) (their documents; causal: from the first key's frontier on), and the steps over
-// them for every head of the GQA group: step u is head hk group + u / tiles, query tile
-// first + u % tiles.
+// A key tile's sweep in the dK/dV kernels, for one query head: the query tiles of `tile_rows`
+// rows that see keys [j0, j0 + keys) (their documents; causal: from the first key's frontier on).
 struct KeySweep {
-  int64_t first, tiles, steps;
+  int64_t first, tiles;
 };
 __device__ __forceinline__ KeySweep key_sweep(const AttentionParams& p, const BackwardArgs<float>& a, int64_t b,
                                               int64_t hk, int64_t j0, int keys, int tile_rows) {
@@ -120,8 +118,7 @@ __device__ __forceinline__ KeySweep key_sweep(const AttentionParams& p, const Ba
   if (p.is_causal && a.kv_finite[b * p.kv_heads + hk]) {
     first = max(first, max(int64_t{0}, j0 - (p.shard.query_start - p.shard.key_start)) / tile_rows);
   }
-  const int64_t tiles = (queries.end + tile_rows - 1) / tile_rows - first;
-  return {first, tiles, tiles > 0 ? tiles * p.group() : 0};
+  return {first, max(int64_t{0}, (queries.end + tile_rows - 1) / tile_rows - first)};
 }
 
 // One element of fragment_gradients: the score x becomes P (0 where dropout drops it) and, with
@@ -173,48 +170,6 @@ __device__ __forceinline__ void store_rows_tc(const float (&acc)[kCols / 8][4], 
       store_pair(out + i * cols, 8 * c + 2 * (lane % 4), cols, acc[c][2 * r] * factor, acc[c][2 * r + 1] * factor);
     }
   }
-}
-
-// Adds a warp's accumulator of 16 key rows, rounded to the input dtype, to the group's running
-// sums (GQA in flash numerics: FlashAttention rounds each query head's dK/dV before summing
-// them), and clears it for the next head; the group's last head writes the sums out. Columns
-// d, d + 1 move as one 8-byte pair where the sums' rows allow.
-template <typename scalar_t, int kCols>
-__device__ __forceinline__ void add_group_sum(float (&acc)[kCols / 8][4], float factor, float* sums, int sum_cols,
-                                              scalar_t* out, int64_t row0, int64_t rows, int cols, bool first,
-                                              bool last) {
-  const int lane = threadIdx.x % 32;
-  const bool pairs = sum_cols % 2 == 0 && reinterpret_cast<uintptr_t>(sums) % 8 == 0;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t j = row0 + lane / 4 + 8 * r;
-    if (j >= rows) continue;
-    float* sum_row = sums + j * sum_cols;
-#pragma unroll
-    for (int c = 0; c < kCols / 8; ++c) {
-      const int d = 8 * c + 2 * (lane % 4);
-      if (d >= cols) continue;
-      const bool pair = pairs && d + 1 < cols;
-      float2 x = make_float2(round_to<scalar_t>(acc[c][2 * r] * factor),
-                             round_to<scalar_t>(acc[c][2 * r + 1] * factor));
-      if (!first) {
-        const float2 before = pair ? *reinterpret_cast<const float2*>(sum_row + d)
-                                   : make_float2(sum_row[d], d + 1 < cols ? sum_row[d + 1] : 0.0f);
-        x.x += before.x;
-        x.y += before.y;
-      }
-      if (last) {
-        store_pair(out + j * cols, d, cols, x.x, x.y);
-      } else if (pair) {
-        *reinterpret_cast<float2*>(sum_row + d) = x;
-      } else {
-        sum_row[d] = x.x;
-        if (d + 1 < cols) sum_row[d + 1] = x.y;
-      }
-    }
-  }
-#pragma unroll
-  for (int c = 0; c < kCols / 8; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.0f;
 }
 
 // Which of dK and dV a launch of the dK/dV kernel computes: wide heads take one launch for each,
