@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
   cp_async_commit();
 
   float lse[1][2], delta[1][2];
-  fragment_row_lse(p, a, rows, row0, lse);
+  fragment_row_values(p, a.lse_unit, rows, row0, INFINITY, lse);
   form_fragment_delta<scalar_t, kEv>(p, a, b, h, rows, row0, delta);
   const DropoutRng rng = device_rng(p);
   float acc[kE / 8][4] = {};

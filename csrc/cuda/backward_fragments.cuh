@@ -8,34 +8,18 @@
 
 namespace rudnn::cuda {
 
-// lse of a warp's fragment rows row0 + 16 mi + g (+ 8) of a head (its rows from `rows`): +inf past
-// the queries, where P is then 0.
+// A per-row value (lse, or D) of a warp's fragment rows row0 + 16 mi + g (+ 8) of a head (its rows
+// from `rows`), `past` beyond the queries (lse +inf, where P is then 0; D 0).
 template <int kMI>
-__device__ __forceinline__ void fragment_row_lse(const AttentionParams& p, const BackwardArgs<float>& a, int64_t rows,
-                                                 int64_t row0, float (&lse)[kMI][2]) {
+__device__ __forceinline__ void fragment_row_values(const AttentionParams& p, const float* values, int64_t rows,
+                                                    int64_t row0, float past, float (&x)[kMI][2]) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int mi = 0; mi < kMI; ++mi)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int64_t i = row0 + 16 * mi + lane / 4 + 8 * r;
-      lse[mi][r] = i < p.queries ? a.lse_unit[rows + i] : INFINITY;
-    }
-}
-
-// The same rows' lse and D (0 past the queries), D as the dQ kernel stored it.
-template <int kMI>
-__device__ __forceinline__ void fragment_row_statistics(const AttentionParams& p, const BackwardArgs<float>& a,
-                                                        int64_t rows, int64_t row0, float (&lse)[kMI][2],
-                                                        float (&delta)[kMI][2]) {
-  fragment_row_lse(p, a, rows, row0, lse);
-  const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int mi = 0; mi < kMI; ++mi)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int64_t i = row0 + 16 * mi + lane / 4 + 8 * r;
-      delta[mi][r] = i < p.queries ? a.delta[rows + i] : 0.0f;
+      x[mi][r] = i < p.queries ? values[rows + i] : past;
     }
 }
 

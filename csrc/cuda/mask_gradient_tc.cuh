@@ -76,7 +76,8 @@ __global__ void __launch_bounds__(kTcThreads)
     const Visit v = visit(u);
     const int64_t row0 = v.i0 + 16 * warp, rows = (v.b * p.heads + v.h) * p.queries;
     float lse[1][2], delta[1][2];
-    fragment_row_statistics(p, a, rows, row0, lse, delta);
+    fragment_row_values(p, a.lse_unit, rows, row0, INFINITY, lse);
+    fragment_row_values(p, a.delta, rows, row0, 0.0f, delta);  // as the dQ kernel stored it
     cp_async_wait<0>();
     __syncthreads();  // this visit's tiles are in
     float s[1][kNB][4] = {}, dp[1][kNB][4] = {};
