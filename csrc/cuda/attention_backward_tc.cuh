@@ -5,9 +5,9 @@
 //   dQ kernel: four warps own 32 query rows each (16 for heads wider than 64, whose accumulators
 //   take the registers); K/V tiles of 32 keys (64) are double-buffered.
 //   dK/dV kernel: four warps own 16 keys each of one query head; it sweeps every query tile of 64
-//   rows (double-buffered Q, dO and their rows' statistics), a few 16-row fragments at a time, and turns P and dS into the left operands of P^T dO and dS^T Q with
-//   movmatrix transposes. Heads wider than 128 run it twice, for dK and for dV, each accumulator
-//   alone in registers.
+//   rows (double-buffered Q, dO and their rows' statistics), a few 16-row fragments at a time,
+//   and turns P and dS into the left operands of P^T dO and dS^T Q with movmatrix transposes.
+//   Heads wider than 128 run it twice, for dK and for dV, each accumulator alone in registers.
 // launch_backward_tc is instantiated once per input dtype (attention_backward_tc_bf16.cu,
 // attention_backward_tc_f16.cu), so that the two halves compile in parallel.
 #pragma once

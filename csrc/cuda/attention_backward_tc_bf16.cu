@@ -3,7 +3,7 @@
 #include "mask_gradient_tc.cuh"
 
 namespace rudnn::cuda {
-template void launch_backward_tc<c10::BFloat16>(const AttentionParams&, const BackwardArgs<float>&, bool, c10::BFloat16*,
-                                           c10::BFloat16*, c10::BFloat16*);
+template void launch_backward_tc<c10::BFloat16>(const AttentionParams&, const BackwardArgs<float>&, bool,
+                                                c10::BFloat16*, c10::BFloat16*, c10::BFloat16*);
 template void launch_mask_gradient_tc<c10::BFloat16>(const AttentionParams&, const BackwardArgs<float>&, float*);
 }  // namespace rudnn::cuda

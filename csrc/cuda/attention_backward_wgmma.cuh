@@ -7,11 +7,11 @@
 //   says. S = Q K^T and dP = dO V^T come from shared memory together, and dS, rounded in
 //   registers, is the left operand of dQ += dS K.
 //   dK/dV kernel: 64 keys a group of one query head; it sweeps every query tile of 64 rows (Q,
-//   dO and their rows' statistics, buffered likewise). It forms S^T = K Q^T and
-//   dP^T = V dO^T, the keys along the fragments' rows, so that P^T and dS^T in registers are the
-//   left operands of dV += P^T dO and dK += dS^T Q, with no transposes; the score rules, mask and
-//   dropout bits read the transposed fragments (tensor_core.cuh's kKeyRows). Heads wider than 128
-//   run it twice, for dK and for dV, as the mma.sync kernel does.
+//   dO and their rows' statistics, buffered likewise). It forms S^T = K Q^T and dP^T = V dO^T,
+//   the keys along the fragments' rows, so that P^T and dS^T in registers are the left operands
+//   of dV += P^T dO and dK += dS^T Q, with no transposes; the score rules, mask and dropout bits
+//   read the transposed fragments (tensor_core.cuh's kKeyRows). Heads wider than 128 run it
+//   twice, for dK and for dV, as the mma.sync kernel does.
 #pragma once
 
 #include "backward.cuh"
