@@ -19,6 +19,7 @@ CASES = [benchmark.Case(8, 16, 4096, 128, dtype=torch.bfloat16),
          benchmark.Case(8, 16, 4096, 128, kv_heads=2, dtype=torch.bfloat16),
          benchmark.Case(2, 16, 16384, 64, dtype=torch.bfloat16),
          benchmark.Case(8, 16, 4096, 128, dtype=torch.bfloat16, mask="bool"),
+         benchmark.Case(8, 16, 4096, 128, dtype=torch.bfloat16, mask="float-grad"),
          benchmark.Case(8, 16, 4096, 128, dtype=torch.bfloat16, dropout=0.1),
          benchmark.Case(4, 16, 2048, 64, dtype=torch.float32, mask="bool", dropout=0.1)]
 
@@ -36,7 +37,7 @@ for case in CASES:
     def step():
         out = rudnn.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=case.dropout,
                                                  is_causal=case.causal, enable_gqa=q.size(1) != k.size(1))
-        torch.autograd.grad(out, (q, k, v), grad)
+        torch.autograd.grad(out, [t for t in (q, k, v, mask) if t is not None and t.requires_grad], grad)
 
     step()
     torch.cuda.synchronize()
