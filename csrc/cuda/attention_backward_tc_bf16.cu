@@ -5,5 +5,5 @@
 namespace rudnn::cuda {
 template void launch_backward_tc<c10::BFloat16>(const AttentionParams&, const BackwardArgs<float>&, bool,
                                                 c10::BFloat16*, c10::BFloat16*, c10::BFloat16*);
-template void launch_mask_gradient_tc<c10::BFloat16>(const AttentionParams&, const BackwardArgs<float>&, float*);
+template void launch_mask_gradient_tc<c10::BFloat16>(const AttentionParams&, const BackwardArgs<float>&, bool, float*);
 }  // namespace rudnn::cuda

@@ -5,5 +5,5 @@
 namespace rudnn::cuda {
 template void launch_backward_tc<c10::Half>(const AttentionParams&, const BackwardArgs<float>&, bool, c10::Half*,
                                            c10::Half*, c10::Half*);
-template void launch_mask_gradient_tc<c10::Half>(const AttentionParams&, const BackwardArgs<float>&, float*);
+template void launch_mask_gradient_tc<c10::Half>(const AttentionParams&, const BackwardArgs<float>&, bool, float*);
 }  // namespace rudnn::cuda

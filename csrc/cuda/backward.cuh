@@ -96,7 +96,7 @@ void mask_gradient_cuda(const AttentionProblem& pb, const BackwardTensors& t, co
 // The same on the tensor cores for one input dtype (mask_gradient_tc.cuh; no fused RoPE), dmask
 // float32.
 template <typename scalar_t>
-void launch_mask_gradient_tc(const AttentionParams& p, const BackwardArgs<float>& a, float* dmask);
+void launch_mask_gradient_tc(const AttentionParams& p, const BackwardArgs<float>& a, bool wgmma, float* dmask);
 
 // Both mask-gradient kernels' grid: blocks own tile_rows x tile_keys pieces of the mask's rows and
 // keys (one along a broadcast dim), blockIdx.z the mask's (batch, head).

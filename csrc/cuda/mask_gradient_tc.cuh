@@ -6,12 +6,13 @@
 // kernel). Each visit recomputes S = Q K^T and dP = dO V^T with mma.sync, each warp 16 rows by the
 // tile's 64 keys, and adds dS = P (M dP - D), kept in float32 from the float32 products, to the
 // warp's running sum (the CUDA-core kernel in mask_gradient.cu does the same on CUDA cores, and
-// takes fused RoPE).
+// takes fused RoPE). On sm_90a a wgmma kernel (by_wgmma below) does the same over larger tiles.
 // launch_mask_gradient_tc is instantiated once per input dtype beside the backward
 // (attention_backward_tc_bf16.cu, attention_backward_tc_f16.cu).
 #pragma once
 
 #include "attention_backward_tc.cuh"
+#include "wgmma.cuh"
 
 namespace rudnn::cuda {
 namespace tc_mask_gradient {
@@ -144,13 +145,197 @@ __global__ void __launch_bounds__(kTcThreads)
   }
 }
 
+// By wgmma (sm_90a), for head-dim buckets of whole panels: a block of kGroups warp groups owns
+// 64 kGroups mask rows by kChunks 64-key tiles, and for each (b, h, query tile) it visits, Q and dO
+// come in once while the K/V tiles of its key chunks stream through two buffers. The kernel is
+// bound by what it moves from L2 (per visit the mma.sync kernel moves four tiles for two 64 x 64
+// products); here Q and dO serve kChunks key tiles and, with two groups, K and V serve 128 rows.
+// Each chunk's running sum stays in registers (32 floats a thread each; four chunks spill).
+namespace by_wgmma {
+
+constexpr int kChunks = 2;  // key tiles a block owns: kChunks x 8 x 4 floats of sums a thread
+constexpr int groups(int e, int ev) { return e + ev <= 256 ? 2 : 1; }
+using Tile = SwizzledTile<kTile>;
+
+// Q and dO of every group, two buffers of K and V, the mask tile of a chunk.
+template <typename scalar_t, int kE, int kEv>
+size_t smem(MaskKind mask) {
+  constexpr int kGroups = groups(kE, kEv);
+  return 2 * static_cast<size_t>(kTile) * (kGroups + 2) * (kE + kEv) + kPanelAlign +
+         mask_tile_bytes<scalar_t, kTile * kGroups, kTile>(mask);
+}
+
+template <typename scalar_t, int kE, int kEv>
+__global__ void __launch_bounds__(kTcThreads * groups(kE, kEv), 1)
+    attention_dmask_wgmma_kernel(const AttentionParams p, const BackwardArgs<float> a, float* __restrict__ dmask) {
+  constexpr int kGroups = groups(kE, kEv), kThreads = kTcThreads * kGroups, kRows = kTile * kGroups;
+  constexpr int kKeys = kTile * kChunks;
+  static_assert(kChunks % 2 == 0, "every visit starts at buffer 0");
+  const int wg = threadIdx.x / kTcThreads, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+  const int64_t bm = blockIdx.z / p.mask_heads, hm = blockIdx.z % p.mask_heads;
+  const bool all_rows = p.mask_queries == 1;
+  const int64_t own_i0 = static_cast<int64_t>(blockIdx.y) * kRows, own_j0 = static_cast<int64_t>(blockIdx.x) * kKeys;
+  const int E = static_cast<int>(p.head_dim), Ev = static_cast<int>(p.value_dim);
+  const InputReads in = input_reads<scalar_t>(p, a.dout, a.dout_strides);
+
+  extern __shared__ __align__(16) unsigned char smem_base[];
+  scalar_t* base = reinterpret_cast<scalar_t*>(align_panels(smem_base));
+  const auto sQ = [=](int g) { return base + g * kTile * (kE + kEv); };
+  const auto sDO = [=](int g) { return sQ(g) + kTile * kE; };
+  const auto sK = [=](int buf) { return sQ(kGroups) + buf * kTile * (kE + kEv); };
+  const auto sV = [=](int buf) { return sK(buf) + kTile * kE; };
+  unsigned char* sMask = reinterpret_cast<unsigned char*>(sK(2));
+
+  // Visit u: batch, head and query tile, the last running fastest, as in the mma.sync kernel.
+  const int64_t batches = p.mask_batch == 1 ? p.batch : 1, heads = p.mask_heads == 1 ? p.heads : 1;
+  const int64_t row_tiles = all_rows ? (p.queries + kRows - 1) / kRows : 1;
+  const int64_t visits = batches * heads * row_tiles;
+  struct Visit {
+    int64_t b, h, i0;
+  };
+  const auto visit = [&](int64_t u) {
+    const int64_t it = u % row_tiles, bh = u / row_tiles;
+    return Visit{p.mask_batch == 1 ? bh / heads : bm, p.mask_heads == 1 ? bh % heads : hm,
+                 all_rows ? it * kRows : own_i0};
+  };
+  const auto load_queries = [&](const Visit& v) {
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      const int64_t i0 = v.i0 + kTile * g;
+      tile_to_smem_async<scalar_t, kTile, kE, kThreads, Tile>(sQ(g), p.q, p.q_strides, v.b, v.h, i0, p.queries, E,
+                                                              in.q);
+      tile_to_smem_async<scalar_t, kTile, kEv, kThreads, Tile>(sDO(g), a.dout, a.dout_strides, v.b, v.h, i0,
+                                                               p.queries, Ev, in.dout);
+    }
+  };
+  const auto load_keys = [&](const Visit& v, int chunk, int buf) {
+    const int64_t hk = v.h / p.group(), j0 = own_j0 + kTile * chunk;
+    tile_to_smem_async<scalar_t, kTile, kE, kThreads, Tile>(sK(buf), p.k, p.k_strides, v.b, hk, j0, p.keys, E, in.k);
+    tile_to_smem_async<scalar_t, kTile, kEv, kThreads, Tile>(sV(buf), p.v, p.v_strides, v.b, hk, j0, p.keys, Ev,
+                                                             in.v);
+  };
+
+  const DropoutRng rng = device_rng(p);
+  float total[kChunks][kNB][4] = {};
+  if (visits > 0) {
+    load_queries(visit(0));
+    load_keys(visit(0), 0, 0);
+  }
+  cp_async_commit();
+  for (int64_t u = 0; u < visits; ++u) {
+    const Visit v = visit(u);
+    const int64_t row0 = v.i0 + kTile * wg + 16 * warp, rows = (v.b * p.heads + v.h) * p.queries;
+    const int rows_in = static_cast<int>(min(int64_t{16}, max(int64_t{0}, p.queries - row0)));
+    float lse[1][2], delta[1][2];
+    fragment_row_values(p, a.lse_unit, rows, row0, INFINITY, lse);
+    fragment_row_values(p, a.delta, rows, row0, 0.0f, delta);  // as the dQ kernel stored it
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const int buf = c % 2;
+      const int64_t j0 = own_j0 + kTile * c;
+      cp_async_wait<0>();
+      fence_async_shared();
+      __syncthreads();  // this chunk's tiles have landed, and every warp is done with the other buffer
+      mask_tile_to_smem<scalar_t, kRows, kTile, kThreads>(p, sMask, v.b, v.h, v.i0, j0, in.mask_async);
+      cp_async_commit();
+      if (c + 1 < kChunks) {
+        load_keys(v, c + 1, buf ^ 1);
+      } else if (u + 1 < visits) {
+        load_keys(visit(u + 1), 0, buf ^ 1);
+      }
+      cp_async_commit();
+      float s[1][kNB][4], dp[1][kNB][4];
+      wgmma_score_pair<scalar_t, kE, kEv, true>(s[0], sQ(wg), sK(buf), dp[0], sDO(wg), sV(buf));
+      fragment_scores(p, s, v.b, row0, j0, tile_on_edge(p, v.b, row0, 16, j0, kTile));
+      cp_async_wait<1>();
+      __syncthreads();  // the mask tile is in
+      fragment_add_mask<scalar_t, 1, kNB, kTile>(p, s, sMask, kTile * wg + 16 * warp, 0);
+      uint32_t keep[1] = {};
+      if (p.has_dropout) fragment_keep_bits<1, kNB>(p, rng, keep, v.b, v.h, row0, j0, in.dropout_aligned);
+      fragment_gradients<true>(p, s, dp, lse, delta, keep);
+      // Padding rows and keys of a partial tile add nothing, whatever inf or NaN the inputs hold.
+      const int keys_in = static_cast<int>(max(int64_t{0}, min(int64_t{kTile}, p.keys - j0)));
+#pragma unroll
+      for (int nb = 0; nb < kNB; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const bool inside = lane / 4 + 8 * (e / 2) < rows_in && 8 * nb + 2 * (lane % 4) + e % 2 < keys_in;
+          total[c][nb][e] += inside ? dp[0][nb][e] : 0.0f;
+        }
+      if (c + 1 == kChunks && u + 1 < visits) {
+        __syncthreads();  // every warp is done with this visit's Q and dO
+        load_queries(visit(u + 1));
+        cp_async_commit();
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  const int g = lane / 4, t = lane % 4;
+  const int64_t mask_base = blockIdx.z * p.mask_queries * p.mask_keys;
+  if (!all_rows) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t i = own_i0 + kTile * wg + 16 * warp + g + 8 * r;
+      if (i >= p.queries) continue;
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+        for (int nb = 0; nb < kNB; ++nb)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int64_t j = own_j0 + kTile * c + 8 * nb + 2 * t + e;
+            if (j < p.keys) dmask[mask_base + i * p.mask_keys + j] = total[c][nb][2 * r + e];
+          }
+    }
+    return;
+  }
+  // Sums over the broadcast rows in a fixed order: across each warp's eight lane groups, then
+  // across the block's warps.
+  constexpr int kWarps = kThreads / 32;
+  float* sRed = reinterpret_cast<float*>(base);  // [warp][key]
+  __syncthreads();  // every warp is done with the last visit's tiles
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+    for (int nb = 0; nb < kNB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float x = total[c][nb][e] + total[c][nb][2 + e];
+        x += __shfl_xor_sync(0xffffffffu, x, 4);
+        x += __shfl_xor_sync(0xffffffffu, x, 8);
+        x += __shfl_xor_sync(0xffffffffu, x, 16);
+        if (g == 0) sRed[(threadIdx.x / 32) * kKeys + kTile * c + 8 * nb + 2 * t + e] = x;
+      }
+  __syncthreads();
+  for (int k = threadIdx.x; k < kKeys; k += kThreads) {
+    float x = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) x += sRed[w * kKeys + k];
+    const int64_t j = own_j0 + k;
+    if (j < p.keys) dmask[mask_base + j] = x;
+  }
+}
+
+}  // namespace by_wgmma
 }  // namespace tc_mask_gradient
 
+// wgmma: by the wgmma kernel where the bucket allows (RUDNN_WGMMA builds on sm_90a).
 template <typename scalar_t>
-void launch_mask_gradient_tc(const AttentionParams& p, const BackwardArgs<float>& a, float* dmask) {
+void launch_mask_gradient_tc(const AttentionParams& p, const BackwardArgs<float>& a, bool wgmma, float* dmask) {
   using namespace tc_mask_gradient;
   dispatch_tc_dims(p.head_dim, p.value_dim, [&](auto e, auto ev) {
     constexpr int kE = decltype(e)::value, kEv = decltype(ev)::value;
+#ifdef RUDNN_WGMMA
+    if constexpr (kE % 64 == 0 && kEv % 64 == 0) {
+      if (wgmma) {
+        constexpr int kGroups = by_wgmma::groups(kE, kEv);
+        return launch_threads(by_wgmma::attention_dmask_wgmma_kernel<scalar_t, kE, kEv>,
+                              mask_gradient_grid(p, kTile * kGroups, kTile * by_wgmma::kChunks), kTcThreads * kGroups,
+                              by_wgmma::smem<scalar_t, kE, kEv>(p.mask_kind), p, a, dmask);
+      }
+    }
+#endif
     launch_threads(attention_dmask_tc_kernel<scalar_t, kE, kEv>, mask_gradient_grid(p, kTile, kTile), kTcThreads,
                    MaskGradientShape<kE, kEv>::kSmem + mask_tile_bytes<scalar_t, kTile, kTile>(p.mask_kind), p, a,
                    dmask);
