@@ -90,6 +90,12 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
   fragment_row_values(p, a.lse_unit, rows, row0, INFINITY, lse);
   form_fragment_delta<scalar_t, kEv>(p, a, b, h, rows, row0, delta);
   const DropoutRng rng = device_rng(p);
+  // Each key tile's keep bits drawn before it, the next tile's while this one's dQ products run.
+  uint32_t keep[1] = {};
+  const auto draw_keep = [&](int64_t j) {
+    if (p.has_dropout && j < key_end) fragment_keep_bits<1, 8>(p, rng, keep, b, h, row0, j, in.dropout_aligned);
+  };
+  draw_keep(keys.begin);
   float acc[kE / 8][4] = {};
   for (int64_t j0 = keys.begin, tile = 0; j0 < key_end; j0 += kTile, ++tile) {
     const int buf = tile % kBuffers;
@@ -110,10 +116,9 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
       __syncthreads();  // the mask tile is in
       fragment_add_mask<scalar_t, 1, 8, kTile>(p, s, sMask, kTile * wg + 16 * warp, 0);
     }
-    uint32_t keep[1] = {};
-    if (p.has_dropout) fragment_keep_bits<1, 8>(p, rng, keep, b, h, row0, j0, in.dropout_aligned);
     fragment_gradients<true>(p, s, dp, lse, delta, keep);
-    wgmma_fragments_times_tile<scalar_t, kTile, kE, false>(acc, dp[0], sK(buf));  // dQ_i += sum_j dS_ij K_j
+    // dQ_i += sum_j dS_ij K_j
+    wgmma_fragments_times_tile<scalar_t, kTile, kE, false>(acc, dp[0], sK(buf), [&] { draw_keep(j0 + kTile); });
     if (kBuffers == 1 && j0 + kTile < key_end) {
       __syncthreads();  // every warp is done with the one buffer
       load_keys(0, j0 + kTile);
@@ -170,6 +175,15 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
 
   const DropoutRng rng = device_rng(p);
   const float kept = p.has_dropout ? static_cast<float>(p.rng.keep_scale) : 1.0f;
+  // Each step's keep bits drawn before it (before the scores: Philox's registers would not fit
+  // beside their fragments), the next step's while this one's dK/dV products run.
+  uint32_t keep = 0;
+  const auto draw_keep = [&](int64_t u) {
+    if (p.has_dropout && u < steps) {
+      fragment_keep_bits_key_rows<8>(p, rng, keep, b, h, (first_tile + u) * kTile, kw0, in.dropout_aligned);
+    }
+  };
+  draw_keep(0);
   float acc_k[kWantK ? kE / 8 : 1][4] = {}, acc_v[kWantV ? kEv / 8 : 1][4] = {};
   for (int64_t u = 0; u < steps; ++u) {
     const int buf = static_cast<int>(u % kBuffers);
@@ -184,9 +198,6 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
     if (kBuffers == 2 && u + 1 < steps) load_step(u + 1);
     cp_async_commit();
 
-    // The keep bits before the scores: Philox's registers would not fit beside their fragments.
-    uint32_t keep = 0;
-    if (p.has_dropout) fragment_keep_bits_key_rows<8>(p, rng, keep, b, h, i0, kw0, in.dropout_aligned);
     // This warp's 16 keys (rows) by the tile's 64 queries (columns).
     float st[1][8][4], dpt[1][8][4];
     wgmma_score_pair<scalar_t, kE, kEv, kWantK>(st[0], sK(wg), sQ(buf), dpt[0], sV(wg), sDO(buf));
@@ -223,9 +234,12 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
       if constexpr (kWantV) wgmma_issue_rs<scalar_t, kTile, kEv>(acc_v, pt[kk], kk, sDO(buf));
       if constexpr (kWantK) wgmma_issue_rs<scalar_t, kTile, kE>(acc_k, dst[kk], kk, sQ(buf));
     }
+    draw_keep(u + 1);
     wgmma_end();
     fence_fragments(acc_k);
     fence_fragments(acc_v);
+    fence_fragments(pt);
+    fence_fragments(dst);
     if (kBuffers == 1 && u + 1 < steps) {
       __syncthreads();  // every warp is done with the one buffer
       load_step(u + 1);

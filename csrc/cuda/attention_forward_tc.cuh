@@ -148,6 +148,22 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
   for (int mi = 0; mi < kMI; ++mi) m[mi][0] = m[mi][1] = -INFINITY;
   const DropoutRng rng = device_rng(p);
 
+  // Keep bits per 64 keys, four bits per 8-key block in a word. By wgmma the first key tile's are
+  // drawn before the loop and each next tile's while this one's P V products run; by mma.sync,
+  // whose products keep the warp busy, each tile's after its scores.
+  uint32_t keep[kNB / 8][kMI];
+  const auto draw_keep = [&](int64_t j) {  // writes every word, so that none is carried across tiles by mma.sync
+#pragma unroll
+    for (int half = 0; half < kNB / 8; ++half) {
+      if (p.has_dropout && j < key_end) {
+        fragment_keep_bits<kMI, 8>(p, rng, keep[half], b, h, row0, j + 64 * half, in.dropout_aligned);
+      } else {
+#pragma unroll
+        for (int mi = 0; mi < kMI; ++mi) keep[half][mi] = 0;
+      }
+    }
+  };
+  if constexpr (kWgmma) draw_keep(keys.begin);
   for (int64_t j0 = keys.begin; j0 < key_end; j0 += kBN) {
     __syncthreads();  // every warp is done with the previous V and mask tile
     if (in.masked) {
@@ -187,14 +203,7 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
 
     fragment_scores(p, s, b, row0, j0, tile_on_edge(p, b, row0, 16 * kMI, j0, kBN));
     if (in.masked) fragment_add_mask<scalar_t, kMI, kNB, kBN>(p, s, sMask, warp * 16 * kMI, 0);
-    // Keep bits per 64 keys: four bits per 8-key block in a word.
-    uint32_t keep[kNB / 8][kMI] = {};
-    if (p.has_dropout) {
-#pragma unroll
-      for (int half = 0; half < kNB / 8; ++half) {
-        fragment_keep_bits<kMI, 8>(p, rng, keep[half], b, h, row0, j0 + 64 * half, in.dropout_aligned);
-      }
-    }
+    if constexpr (!kWgmma) draw_keep(j0);
     // m' = max(m, max_j s_ij);  l' = l 2^(m - m') + sum_j P_ij;  o' = o 2^(m - m') + (P∘M) V
 #pragma unroll
     for (int mi = 0; mi < kMI; ++mi) {
@@ -229,7 +238,7 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
     // Zero weights still multiply V: NaN/inf in V reach the row, as in PyTorch's math path.
     // "exact" adds the product of P's rounding error, so that P reaches V at float32 accuracy.
     if constexpr (kWgmma) {
-      wgmma_fragments_times_tile<scalar_t, kBN, kEv, kSplit>(o[0], s[0], sV);
+      wgmma_fragments_times_tile<scalar_t, kBN, kEv, kSplit>(o[0], s[0], sV, [&] { draw_keep(j0 + kBN); });
     } else {
       probabilities_times_v<scalar_t, kMI, kNB, kEv, kLdV, kSplit>(o, s, sV);
     }

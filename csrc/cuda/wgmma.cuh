@@ -45,13 +45,20 @@ __device__ __forceinline__ void fence_async_shared() {
 #endif
 }
 
-// Keeps the compiler from moving reads and writes of x across the asynchronous products.
-template <int N>
-__device__ __forceinline__ void fence_fragments(float (&x)[N][4]) {
+// Keeps the compiler from moving reads and writes of x across the asynchronous products: float
+// accumulators, or uint32_t A fragments, which the products read until they are waited for.
+template <typename T, int N>
+__device__ __forceinline__ void fence_fragments(T (&x)[N][4]) {
 #pragma unroll
   for (int i = 0; i < N; ++i)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(x[i][e])::"memory");
+    for (int e = 0; e < 4; ++e) {
+      if constexpr (std::is_same_v<T, float>) {
+        asm volatile("" : "+f"(x[i][e])::"memory");
+      } else {
+        asm volatile("" : "+r"(x[i][e])::"memory");
+      }
+    }
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -227,10 +234,12 @@ __device__ __forceinline__ void wgmma_score_pair(float (&s)[8][4], const scalar_
 }
 
 // o += X W for this warp's 16 rows, X (kN columns: P, or dS) rounded to 16 bits; with kSplit also
-// (X - round(X)) W. W: a swizzled tile of kN rows by the bucket kCols (V, or K).
-template <typename scalar_t, int kN, int kCols, bool kSplit>
+// (X - round(X)) W. W: a swizzled tile of kN rows by the bucket kCols (V, or K). `during` runs
+// while the products are in flight (the next tile's dropout bits: Philox on the integer units
+// beside the tensor cores); it must not write what they read.
+template <typename scalar_t, int kN, int kCols, bool kSplit, typename During>
 __device__ __forceinline__ void wgmma_fragments_times_tile(float (&o)[kCols / 8][4], const float (&s)[kN / 8][4],
-                                                           const scalar_t* sW) {
+                                                           const scalar_t* sW, During&& during) {
   constexpr int kParts = kSplit ? 2 : 1;
   // Fragments the products read are written before the fence that orders them for the tensor cores.
   uint32_t a[kN / 16][kParts][4];
@@ -244,8 +253,11 @@ __device__ __forceinline__ void wgmma_fragments_times_tile(float (&o)[kCols / 8]
   for (int kk = 0; kk < kN / 16; ++kk)
 #pragma unroll
     for (int part = 0; part < kParts; ++part) wgmma_issue_rs<scalar_t, kN, kCols>(o, a[kk][part], kk, sW);
+  during();
   wgmma_end();
   fence_fragments(o);
+#pragma unroll
+  for (int kk = 0; kk < kN / 16; ++kk) fence_fragments(a[kk]);
 }
 
 }  // namespace rudnn::cuda
