@@ -175,8 +175,9 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
 
   const DropoutRng rng = device_rng(p);
   const float kept = p.has_dropout ? static_cast<float>(p.rng.keep_scale) : 1.0f;
-  // Each step's keep bits drawn before it (before the scores: Philox's registers would not fit
-  // beside their fragments), the next step's while this one's dK/dV products run.
+  // Each step's keep bits drawn away from its score fragments, beside which Philox's registers
+  // would not fit: the first step's before the loop, each next one's while this one's dK/dV
+  // products run.
   uint32_t keep = 0;
   const auto draw_keep = [&](int64_t u) {
     if (p.has_dropout && u < steps) {
