@@ -34,8 +34,10 @@ void attention_backward_tc(const AttentionProblem& pb, BackwardTensors& t, const
   });
   if (grouped) {
     const std::array<int64_t, 2> groups{p.kv_heads, p.group()};
-    dk.copy_(dk_heads.unflatten(1, groups).sum(2, false, at::kFloat));
-    dv.copy_(dv_heads.unflatten(1, groups).sum(2, false, at::kFloat));
+    // One kernel each, accumulating in float32 (ATen's accumulator for reduced types), rounded once.
+    at::Tensor dk_out = dk, dv_out = dv;  // sum_out takes its output by non-const reference
+    at::sum_out(dk_out, dk_heads.unflatten(1, groups), 2);
+    at::sum_out(dv_out, dv_heads.unflatten(1, groups), 2);
   }
   if (dmask.defined() && !dmask_tc) mask_gradient_cuda(pb, t, dmask);
 }
