@@ -229,6 +229,8 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
     }
     fence_fragments(acc_k);
     fence_fragments(acc_v);
+    if constexpr (kWantV) fence_fragments(pt);
+    if constexpr (kWantK) fence_fragments(dst);
     wgmma_begin();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
@@ -239,8 +241,8 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
     wgmma_end();
     fence_fragments(acc_k);
     fence_fragments(acc_v);
-    fence_fragments(pt);
-    fence_fragments(dst);
+    if constexpr (kWantV) fence_fragments(pt);
+    if constexpr (kWantK) fence_fragments(dst);
     if (kBuffers == 1 && u + 1 < steps) {
       __syncthreads();  // every warp is done with the one buffer
       load_step(u + 1);

@@ -241,13 +241,16 @@ template <typename scalar_t, int kN, int kCols, bool kSplit, typename During>
 __device__ __forceinline__ void wgmma_fragments_times_tile(float (&o)[kCols / 8][4], const float (&s)[kN / 8][4],
                                                            const scalar_t* sW, During&& during) {
   constexpr int kParts = kSplit ? 2 : 1;
-  // Fragments the products read are written before the fence that orders them for the tensor cores.
+  // The fragments the products read are written before the fence that orders them for the tensor
+  // cores, and kept until the products are waited for: fenced on both sides.
   uint32_t a[kN / 16][kParts][4];
 #pragma unroll
   for (int kk = 0; kk < kN / 16; ++kk)
 #pragma unroll
     for (int part = 0; part < kParts; ++part) fragment_to_a<scalar_t>(a[kk][part], s, kk, part == 1);
   fence_fragments(o);
+#pragma unroll
+  for (int kk = 0; kk < kN / 16; ++kk) fence_fragments(a[kk]);
   wgmma_begin();
 #pragma unroll
   for (int kk = 0; kk < kN / 16; ++kk)
