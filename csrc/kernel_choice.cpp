@@ -89,7 +89,7 @@ bool uses_wgmma(const AttentionProblem& pb) {
   const cudaDeviceProp* prop = at::cuda::getDeviceProperties(pb.q.device().index());
   // dispatch_tc_dims' buckets of whole panels: 64 (widths 33-64), 128, 192 and 256 (widths above 96).
   const int64_t width = std::max(p.head_dim, p.value_dim);
-  return prop->major == 9 && prop->minor == 0 && !p.rotary() && ((width > 32 && width <= 64) || width > 96);
+  return prop->major == 9 && prop->minor == 0 && ((width > 32 && width <= 64) || width > 96);
 #else
   (void)pb;
   return false;
@@ -107,8 +107,8 @@ KernelChoice backward_kernels(const AttentionProblem& pb) {
 std::string explain_forward(const AttentionProblem& pb) {
   const KernelChoice choice = forward_kernels(pb);
   return explanation(pb, choice,
-                     choice.tensor_cores && uses_wgmma(pb) ? "tensor-core forward (wgmma)"
-                                                                   : "tensor-core forward (mma.sync)",
+                     choice.tensor_cores && uses_wgmma(pb) && !pb.params.rotary() ? "tensor-core forward (wgmma)"
+                                                                                  : "tensor-core forward (mma.sync)",
                      "CUDA-core forward");
 }
 

@@ -35,10 +35,20 @@ CASES = {
 }
 
 
+# The tensor-core dtypes run twice on CUDA: with the default products (on sm_90a builds the
+# backward's by wgmma, E = 40, 64 and 128 here) and with RUDNN_DISABLE_WGMMA=1 (mma.sync throughout).
+DTYPES_PRODUCTS = [(torch.float64, "default"), (torch.float32, "default"), (torch.bfloat16, "default"),
+                   (torch.float16, "default"), (torch.bfloat16, "mma.sync"), (torch.float16, "mma.sync")]
+
+
 @pytest.mark.parametrize("interleaved", [False, True])
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype,products", DTYPES_PRODUCTS)
 @pytest.mark.parametrize("name", list(CASES))
-def test_fused_rope(device, name, dtype, interleaved):
+def test_fused_rope(device, name, dtype, products, interleaved, monkeypatch):
+    if products == "mma.sync":
+        if device == "cpu":
+            pytest.skip("RUDNN_DISABLE_WGMMA steers the CUDA kernels only")
+        monkeypatch.setenv("RUDNN_DISABLE_WGMMA", "1")
     (hq, hk, L, S, E, Ev), kw, rope_kw = CASES[name]
     kw = dict(kw)
     positions = {key: f(L, S) if callable(f) else f for key, f in rope_kw.items()}

@@ -43,7 +43,8 @@ def test_explain_says_why_not():
 
 def test_explain_names_the_products(monkeypatch):
     # sm_90a builds (setup.py's default on an H100/H200) take the products of forward and backward
-    # by wgmma where the head-dim bucket is whole 64-column panels (fused RoPE stays on mma.sync).
+    # by wgmma where the head-dim bucket is whole 64-column panels (the forward with fused RoPE stays on
+    # mma.sync).
     hopper = torch.cuda.get_device_capability() == (9, 0)
     for e in (rudnn.explain(*_inputs(128)), rudnn.explain(*_inputs(192, 128))):
         assert ("(wgmma)" in e.forward) == hopper

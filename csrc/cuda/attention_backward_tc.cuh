@@ -139,8 +139,10 @@ __global__ void __launch_bounds__(kTcThreads)
     }
     cp_async_commit();
     if (p.rotary()) {  // RoPE: Q once, each K tile as it lands
-      if (tile == 0) rotate_tile_global<scalar_t, kBM, kTcThreads>(sQ, kLdK, p.q_rotary, b, h, i0, p.queries, E);
-      rotate_tile_global<scalar_t, kBN, kTcThreads>(sK(buf), kLdK, p.k_rotary, b, hk, j0, key_end, E);
+      if (tile == 0) {
+        rotate_tile_global<scalar_t, kBM, kTcThreads, PaddedTile<kE>>(sQ, p.q_rotary, b, h, i0, p.queries, E);
+      }
+      rotate_tile_global<scalar_t, kBN, kTcThreads, PaddedTile<kE>>(sK(buf), p.k_rotary, b, hk, j0, key_end, E);
       __syncthreads();
     }
     float s[kMI][kNB][4] = {}, dp[kMI][kNB][4] = {};
@@ -240,9 +242,9 @@ __global__ void __launch_bounds__(kTcThreads)
     cp_async_commit();
     if constexpr (kRotary) {  // RoPE: K once, each Q tile as it lands
       if (u == 0) {
-        rotate_tile_global<scalar_t, kRowsPerTile, kTcThreads>(sK, kLdK, p.k_rotary, b, hk, j0, p.keys, E);
+        rotate_tile_global<scalar_t, kRowsPerTile, kTcThreads, PaddedTile<kE>>(sK, p.k_rotary, b, hk, j0, p.keys, E);
       }
-      rotate_tile_global<scalar_t, kBM, kTcThreads>(sQ(buf), kLdK, p.q_rotary, b, h, i0, p.queries, E);
+      rotate_tile_global<scalar_t, kBM, kTcThreads, PaddedTile<kE>>(sQ(buf), p.q_rotary, b, h, i0, p.queries, E);
       __syncthreads();
     }
 

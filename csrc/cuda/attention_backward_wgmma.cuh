@@ -2,7 +2,8 @@
 // (a query-owned dQ kernel, a key-owned dK/dV kernel, no atomics) with each four warps of a block
 // one warp group of 64 rows (two groups sharing the streamed tiles for the widest heads:
 // max_groups), the tiles in wgmma.cuh's swizzled panels (head-dim buckets of 64, 128, 192 and
-// 256), and no fused RoPE.
+// 256). With RoPE fused (kRotary), each kernel turns its owned Q or K tiles once and each streamed
+// K or Q tile as it lands, in shared memory (rotary.cuh), before the tensor cores read it.
 //   dQ kernel: 64 query rows a group; K/V tiles of 64 keys, double-buffered where stream_buffers
 //   says. S = Q K^T and dP = dO V^T come from shared memory together, and dS, rounded in
 //   registers, is the left operand of dQ += dS K.
@@ -17,6 +18,7 @@
 #include "backward.cuh"
 #include "backward_fragments.cuh"
 #include "launch.cuh"
+#include "rotary.cuh"
 #include "tensor_core.cuh"
 #include "wgmma.cuh"
 
@@ -25,6 +27,10 @@ namespace wgmma_backward {
 
 constexpr int kTile = 64;  // rows of every tile: one warp group's product
 using Tile = SwizzledTile<kTile>;
+// RoPE's table pieces in flight per thread (rotary.cuh's kBatch): one, since beside the
+// accumulators more spill (bf16 dK/dV kernel, head dim 64 / 128: one 40 / 14 bytes, as without
+// RoPE; two 120 / 32; four 508 / 60).
+constexpr int kTurnBatch = 1;
 
 // Warp groups of a block, each owning 64 rows (dQ owns Q and dO and streams K and V; dK/dV the
 // other way round): where one block of one group fills a multiprocessor's shared memory (K+V
@@ -49,7 +55,7 @@ constexpr size_t tile_bytes() {
 // the S^T and dP^T fragments (at head dim 128, 64 + 64 + 32 + 32 floats a thread).
 constexpr int min_blocks(int e, int groups) { return groups == 2 || e > 128 ? 1 : e <= 64 ? 3 : 2; }
 
-template <typename scalar_t, int kE, int kEv, int kGroups>
+template <typename scalar_t, int kE, int kEv, int kGroups, bool kRotary>
 __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
     attention_dq_wgmma_kernel(const AttentionParams p, const BackwardArgs<float> a, scalar_t* __restrict__ dq) {
   constexpr int kThreads = kTcThreads * kGroups, kBlockRows = kTile * kGroups;
@@ -75,6 +81,7 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
   const auto load_keys = [&](int buf, int64_t j0) {
     tile_to_smem_async<scalar_t, kTile, kE, kThreads, Tile>(sK(buf), p.k, p.k_strides, b, hk, j0, key_end, E, in.k);
     tile_to_smem_async<scalar_t, kTile, kEv, kThreads, Tile>(sV(buf), p.v, p.v_strides, b, hk, j0, key_end, Ev, in.v);
+    if constexpr (kRotary) prefetch_table_rows<kTile, kThreads>(p.k_rotary, b, hk, j0, key_end, E);
   };
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
@@ -108,6 +115,18 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
     }
     if (kBuffers == 2 && j0 + kTile < key_end) load_keys(buf ^ 1, j0 + kTile);
     cp_async_commit();
+    if constexpr (kRotary) {  // RoPE: each group's Q once, each K tile as it lands
+      if (tile == 0) {
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+          rotate_tile_global<scalar_t, kTile, kThreads, Tile, kTurnBatch>(sQ(g), p.q_rotary, b, h,
+                                                                          block_i0 + kTile * g, p.queries, E);
+        }
+      }
+      rotate_tile_global<scalar_t, kTile, kThreads, Tile, kTurnBatch>(sK(buf), p.k_rotary, b, hk, j0, key_end, E);
+      fence_async_shared();
+      __syncthreads();  // the turned tiles are in, for the tensor cores
+    }
     float s[1][8][4], dp[1][8][4];
     wgmma_score_pair<scalar_t, kE, kEv, true>(s[0], sQ(wg), sK(buf), dp[0], sDO(wg), sV(buf));
     fragment_scores(p, s, b, row0, j0, tile_on_edge(p, b, row0, 16, j0, kTile));
@@ -129,7 +148,7 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
   store_rows_tc<scalar_t, kE>(acc, static_cast<float>(p.scale), dq + rows * E, row0, p.queries, E);
 }
 
-template <typename scalar_t, int kE, int kEv, int kGroups, int kGrads>
+template <typename scalar_t, int kE, int kEv, int kGroups, int kGrads, bool kRotary>
 __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
     attention_dkdv_wgmma_kernel(const AttentionParams p, const BackwardArgs<float> a, scalar_t* __restrict__ dk,
                                 scalar_t* __restrict__ dv) {
@@ -162,6 +181,7 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
     tile_to_smem_async<scalar_t, kTile, kE, kThreads, Tile>(sQ(buf), p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
     tile_to_smem_async<scalar_t, kTile, kEv, kThreads, Tile>(sDO(buf), a.dout, a.dout_strides, b, h, i0, p.queries,
                                                              Ev, in.dout);
+    if constexpr (kRotary) prefetch_table_rows<kTile, kThreads>(p.q_rotary, b, h, i0, p.queries, E);
     rows_statistics_to_smem<kTile>(p, a, sStats + buf * 2 * kTile, b, h, i0);
   };
 #pragma unroll
@@ -198,6 +218,18 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
     }
     if (kBuffers == 2 && u + 1 < steps) load_step(u + 1);
     cp_async_commit();
+    if constexpr (kRotary) {  // RoPE: each group's K once, each Q tile as it lands
+      if (u == 0) {
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+          rotate_tile_global<scalar_t, kTile, kThreads, Tile, kTurnBatch>(sK(g), p.k_rotary, b, hk,
+                                                                          block_j0 + kTile * g, p.keys, E);
+        }
+      }
+      rotate_tile_global<scalar_t, kTile, kThreads, Tile, kTurnBatch>(sQ(buf), p.q_rotary, b, h, i0, p.queries, E);
+      fence_async_shared();
+      __syncthreads();  // the turned tiles are in, for the tensor cores
+    }
 
     // This warp's 16 keys (rows) by the tile's 64 queries (columns).
     float st[1][8][4], dpt[1][8][4];
@@ -272,20 +304,23 @@ template <typename scalar_t, int kE, int kEv, int kGroups>
 void launch_backward_groups(const AttentionParams& p, const BackwardArgs<float>& a, scalar_t* dq, scalar_t* dk,
                             scalar_t* dv) {
   constexpr int kThreads = kTcThreads * kGroups, kBlockRows = kTile * kGroups;
-  launch_threads(attention_dq_wgmma_kernel<scalar_t, kE, kEv, kGroups>,
-                 tile_grid(p.queries, kBlockRows, p.heads, p.batch), kThreads,
-                 dq_smem<scalar_t, kE, kEv, kGroups>(p.mask_kind), p, a, dq);
-  const dim3 key_grid = tile_grid(p.keys, kBlockRows, p.heads, p.batch);
-  const auto launch_dkdv = [&](auto grads) {
-    launch_threads(attention_dkdv_wgmma_kernel<scalar_t, kE, kEv, kGroups, decltype(grads)::value>, key_grid,
-                   kThreads, dkdv_smem<scalar_t, kE, kEv, kGroups>(p.mask_kind), p, a, dk, dv);
-  };
-  if constexpr (kE <= 128 && kEv <= 128) {
-    launch_dkdv(std::integral_constant<int, kGradKV>{});
-  } else {
-    launch_dkdv(std::integral_constant<int, kGradK>{});
-    launch_dkdv(std::integral_constant<int, kGradV>{});
-  }
+  dispatch_flag(p.rotary(), [&](auto rotary) {
+    constexpr bool kRotary = decltype(rotary)::value;
+    launch_threads(attention_dq_wgmma_kernel<scalar_t, kE, kEv, kGroups, kRotary>,
+                   tile_grid(p.queries, kBlockRows, p.heads, p.batch), kThreads,
+                   dq_smem<scalar_t, kE, kEv, kGroups>(p.mask_kind), p, a, dq);
+    const dim3 key_grid = tile_grid(p.keys, kBlockRows, p.heads, p.batch);
+    const auto launch_dkdv = [&](auto grads) {
+      launch_threads(attention_dkdv_wgmma_kernel<scalar_t, kE, kEv, kGroups, decltype(grads)::value, kRotary>,
+                     key_grid, kThreads, dkdv_smem<scalar_t, kE, kEv, kGroups>(p.mask_kind), p, a, dk, dv);
+    };
+    if constexpr (kE <= 128 && kEv <= 128) {
+      launch_dkdv(std::integral_constant<int, kGradKV>{});
+    } else {
+      launch_dkdv(std::integral_constant<int, kGradK>{});
+      launch_dkdv(std::integral_constant<int, kGradV>{});
+    }
+  });
 }
 
 // The backward for head-dim buckets of whole panels: two warp groups a block where max_groups

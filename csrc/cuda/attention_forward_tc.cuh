@@ -177,12 +177,12 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
     __syncthreads();
     if constexpr (kRotary) {  // RoPE: Q once, each K tile as it lands
       if (j0 == keys.begin) {
-        rotate_tile_global<scalar_t, kBM, kTcThreads>(sQ, kLdK, p.q_rotary, b, h, i0, p.queries, E);
+        rotate_tile_global<scalar_t, kBM, kTcThreads, LayoutQ>(sQ, p.q_rotary, b, h, i0, p.queries, E);
       }
       if constexpr (kTableInSmem) {
-        rotate_tile_smem<scalar_t, kBN, kTcThreads>(sK, kLdK, sTable, p.k_rotary.interleaved, j0, key_end, E);
+        rotate_tile_smem<scalar_t, kBN, kTcThreads, LayoutK>(sK, sTable, p.k_rotary.interleaved, j0, key_end, E);
       } else {
-        rotate_tile_global<scalar_t, kBN, kTcThreads>(sK, kLdK, p.k_rotary, b, hk, j0, key_end, E);
+        rotate_tile_global<scalar_t, kBN, kTcThreads, LayoutK>(sK, p.k_rotary, b, hk, j0, key_end, E);
       }
       __syncthreads();
     }

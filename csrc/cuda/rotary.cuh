@@ -48,12 +48,14 @@ __device__ __forceinline__ void turn_pair(T& x1, T& x2, T cos, T sin) {
   x1 = y1, x2 = y2;
 }
 
-// Rows [0, kRows) of a tile of 16-bit elements in shared memory (row r at tile + r ld) turned in
-// place, row r by the table row angles(r) (global or shared memory); rows at or past `valid` are
-// left as they are. Where `vector`, a thread turns four pairs at a time, and the table pieces of
-// kBatch groups are read before any is used, so that their latencies overlap.
-template <typename scalar_t, int kRows, int kThreadCount, typename Angles>
-__device__ __forceinline__ void rotate_tile(scalar_t* tile, int ld, bool interleaved, int valid, int E, bool vector,
+// Rows [0, kRows) of a tile of 16-bit elements in shared memory (element (r, c) at
+// Layout::offset(r, c): mma.cuh's padded rows or wgmma.cuh's swizzled panels, both of which keep
+// aligned runs of 8 columns together) turned in place, row r by the table row angles(r) (global or
+// shared memory); rows at or past `valid` are left as they are. Where `vector`, a thread turns four
+// pairs at a time, and the table pieces of kBatch groups are read before any is used, so that
+// their latencies overlap (each group holds 8 floats of them in registers).
+template <typename scalar_t, int kRows, int kThreadCount, typename Layout, int kBatch, typename Angles>
+__device__ __forceinline__ void rotate_tile(scalar_t* tile, bool interleaved, int valid, int E, bool vector,
                                             Angles angles) {
   const int half = E / 2;
   if (!vector) {
@@ -63,14 +65,15 @@ __device__ __forceinline__ void rotate_tile(scalar_t* tile, int ld, bool interle
       if (r >= valid) break;  // idx only grows, and so does r
       const float* a = angles(r);
       const int c1 = interleaved ? 2 * pair : pair, c2 = interleaved ? 2 * pair + 1 : pair + half;
-      float x1 = static_cast<float>(tile[r * ld + c1]), x2 = static_cast<float>(tile[r * ld + c2]);
+      scalar_t& y1 = tile[Layout::offset(r, c1)];
+      scalar_t& y2 = tile[Layout::offset(r, c2)];
+      float x1 = static_cast<float>(y1), x2 = static_cast<float>(y2);
       turn_pair<false>(x1, x2, a[pair], a[half + pair]);
-      tile[r * ld + c1] = static_cast<scalar_t>(x1);
-      tile[r * ld + c2] = static_cast<scalar_t>(x2);
+      y1 = static_cast<scalar_t>(x1);
+      y2 = static_cast<scalar_t>(x2);
     }
     return;
   }
-  constexpr int kBatch = 4;
   const int groups = half / 4, total = min(valid, kRows) * groups;
 #pragma unroll 1
   for (int base = threadIdx.x; base < total; base += kBatch * kThreadCount) {
@@ -90,9 +93,9 @@ __device__ __forceinline__ void rotate_tile(scalar_t* tile, int ld, bool interle
       if (idx >= total) break;
       const int r = idx / groups, g = idx % groups;
       const float c[4] = {cos[u].x, cos[u].y, cos[u].z, cos[u].w}, s[4] = {sin[u].x, sin[u].y, sin[u].z, sin[u].w};
-      scalar_t* row = tile + r * ld;
       if (interleaved) {  // columns 8g .. 8g + 7: one 16-byte piece
-        uint4 piece = *reinterpret_cast<const uint4*>(row + 8 * g);
+        uint4* at = reinterpret_cast<uint4*>(tile + Layout::offset(r, 8 * g));
+        uint4 piece = *at;
         scalar_t* x = reinterpret_cast<scalar_t*>(&piece);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -100,10 +103,11 @@ __device__ __forceinline__ void rotate_tile(scalar_t* tile, int ld, bool interle
           turn_pair<false>(x1, x2, c[e], s[e]);
           x[2 * e] = static_cast<scalar_t>(x1), x[2 * e + 1] = static_cast<scalar_t>(x2);
         }
-        *reinterpret_cast<uint4*>(row + 8 * g) = piece;
+        *at = piece;
       } else {  // columns 4g .. 4g + 3 and their partners half + 4g ..: two 8-byte pieces
-        uint2 first = *reinterpret_cast<const uint2*>(row + 4 * g);
-        uint2 second = *reinterpret_cast<const uint2*>(row + half + 4 * g);
+        uint2* first_at = reinterpret_cast<uint2*>(tile + Layout::offset(r, 4 * g));
+        uint2* second_at = reinterpret_cast<uint2*>(tile + Layout::offset(r, half + 4 * g));
+        uint2 first = *first_at, second = *second_at;
         scalar_t* x = reinterpret_cast<scalar_t*>(&first);
         scalar_t* y = reinterpret_cast<scalar_t*>(&second);
 #pragma unroll
@@ -112,8 +116,8 @@ __device__ __forceinline__ void rotate_tile(scalar_t* tile, int ld, bool interle
           turn_pair<false>(x1, x2, c[e], s[e]);
           x[e] = static_cast<scalar_t>(x1), y[e] = static_cast<scalar_t>(x2);
         }
-        *reinterpret_cast<uint2*>(row + 4 * g) = first;
-        *reinterpret_cast<uint2*>(row + half + 4 * g) = second;
+        *first_at = first;
+        *second_at = second;
       }
     }
   }
@@ -122,12 +126,12 @@ __device__ __forceinline__ void rotate_tile(scalar_t* tile, int ld, bool interle
 // A tile of rows [row0, row0 + kRows) of head (b, h) turned with its table rows read straight from
 // global memory (L1 where prefetch_table_rows ran a tile earlier): tiles a block turns once, the
 // backward's streamed tiles, and the forward's K tiles of wide heads.
-template <typename scalar_t, int kRows, int kThreadCount>
-__device__ __forceinline__ void rotate_tile_global(scalar_t* tile, int ld, const RotaryTable& t, int64_t b, int64_t h,
+template <typename scalar_t, int kRows, int kThreadCount, typename Layout, int kBatch = 4>
+__device__ __forceinline__ void rotate_tile_global(scalar_t* tile, const RotaryTable& t, int64_t b, int64_t h,
                                                    int64_t row0, int64_t rows, int E) {
   const int valid = static_cast<int>(max(int64_t{0}, min(int64_t{kRows}, rows - row0)));
-  rotate_tile<scalar_t, kRows, kThreadCount>(tile, ld, t.interleaved, valid, E, rotary_rows_vector(t, E),
-                                             [&](int r) { return rotary_row(t, b, h, row0 + r); });
+  rotate_tile<scalar_t, kRows, kThreadCount, Layout, kBatch>(tile, t.interleaved, valid, E, rotary_rows_vector(t, E),
+                                                             [&](int r) { return rotary_row(t, b, h, row0 + r); });
 }
 
 // Table rows [row0, row0 + kRows) of head (b, h) fetched into L1 ahead of rotate_tile_global, so
@@ -168,12 +172,12 @@ __device__ __forceinline__ void table_to_smem_async(float* dst, const RotaryTabl
 }
 
 // A tile turned with its table rows in shared memory (table_to_smem_async's layout).
-template <typename scalar_t, int kRows, int kThreadCount>
-__device__ __forceinline__ void rotate_tile_smem(scalar_t* tile, int ld, const float* table, bool interleaved,
-                                                 int64_t row0, int64_t rows, int E) {
+template <typename scalar_t, int kRows, int kThreadCount, typename Layout>
+__device__ __forceinline__ void rotate_tile_smem(scalar_t* tile, const float* table, bool interleaved, int64_t row0,
+                                                 int64_t rows, int E) {
   const int valid = static_cast<int>(max(int64_t{0}, min(int64_t{kRows}, rows - row0)));
-  rotate_tile<scalar_t, kRows, kThreadCount>(tile, ld, interleaved, valid, E, E % 8 == 0,
-                                             [&](int r) { return table + r * E; });
+  rotate_tile<scalar_t, kRows, kThreadCount, Layout, 4>(tile, interleaved, valid, E, E % 8 == 0,
+                                                        [&](int r) { return table + r * E; });
 }
 
 }  // namespace rudnn::cuda
