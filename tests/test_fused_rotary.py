@@ -32,6 +32,13 @@ CASES = {
     "mask dropout": ((2, 1, 70, 90, 128, 128), dict(attn_mask="bool", dropout_p=0.2, enable_gqa=True),
                      dict(base=500.0)),
     "decode": ((4, 4, 1, 129, 96, 96), {}, dict(offset=128, key_offset=0)),
+    # Head dims of the wider buckets (on sm_90a the wgmma backward: two warp groups, one streamed
+    # buffer, separate dK and dV launches; pairs across 64-column panels), and E = 100, whose
+    # pairs turn element by element.
+    "float mask E136": ((2, 1, 70, 45, 136, 136), dict(attn_mask="float", enable_gqa=True), dict(offset=9)),
+    "E160/128 causal": ((2, 2, 33, 90, 160, 128), dict(is_causal=True), {}),
+    "E256": ((2, 2, 40, 72, 256, 256), {}, dict(base=100.0)),
+    "E100": ((2, 2, 50, 77, 100, 100), dict(is_causal=True), dict(offset=3)),
 }
 
 
@@ -56,6 +63,8 @@ def test_fused_rope(device, name, dtype, products, interleaved, monkeypatch):
         torch.randn(2, hk, S, Ev, dtype=torch.float64)
     if kw.get("attn_mask") == "bool":
         kw["attn_mask"] = torch.rand(L, S) > 0.3
+    elif kw.get("attn_mask") == "float":
+        kw["attn_mask"] = torch.randn(L, S).to(dtype)
     keep = None
     if "dropout_p" in kw:
         kw.update(dropout_seed=11, dropout_offset=4)
