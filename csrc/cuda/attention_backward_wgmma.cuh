@@ -32,6 +32,32 @@ using Tile = SwizzledTile<kTile>;
 // RoPE; two 120 / 32; four 508 / 60).
 constexpr int kTurnBatch = 1;
 
+// Rows [row0, row0 + kTile) of head `head` of the tensor `table` turns (RoPE); for the owned tiles,
+// group 0's rows, group g's following 64 g further on.
+struct TurnedRows {
+  const RotaryTable& table;
+  int64_t head, row0, rows;
+};
+
+// RoPE in a step of a wgmma backward kernel: on the first step each group's owned tile, then the
+// step's streamed tile, turned in shared memory and published to the tensor cores.
+template <typename scalar_t, int kGroups, typename OwnedTile>
+__device__ __forceinline__ void turn_step(bool first, OwnedTile owned_tile, const TurnedRows& owned,
+                                          scalar_t* streamed_tile, const TurnedRows& streamed, int64_t b, int E) {
+  constexpr int kThreads = kTcThreads * kGroups;
+  if (first) {
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      rotate_tile_global<scalar_t, kTile, kThreads, Tile, kTurnBatch>(owned_tile(g), owned.table, b, owned.head,
+                                                                      owned.row0 + kTile * g, owned.rows, E);
+    }
+  }
+  rotate_tile_global<scalar_t, kTile, kThreads, Tile, kTurnBatch>(streamed_tile, streamed.table, b, streamed.head,
+                                                                  streamed.row0, streamed.rows, E);
+  fence_async_shared();
+  __syncthreads();  // the turned tiles are in, for the tensor cores
+}
+
 // Warp groups of a block, each owning 64 rows (dQ owns Q and dO and streams K and V; dK/dV the
 // other way round): where one block of one group fills a multiprocessor's shared memory (K+V
 // wider than 320 columns), two groups share its streamed tiles, twice the warps at the same bytes.
@@ -116,16 +142,8 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
     if (kBuffers == 2 && j0 + kTile < key_end) load_keys(buf ^ 1, j0 + kTile);
     cp_async_commit();
     if constexpr (kRotary) {  // RoPE: each group's Q once, each K tile as it lands
-      if (tile == 0) {
-#pragma unroll
-        for (int g = 0; g < kGroups; ++g) {
-          rotate_tile_global<scalar_t, kTile, kThreads, Tile, kTurnBatch>(sQ(g), p.q_rotary, b, h,
-                                                                          block_i0 + kTile * g, p.queries, E);
-        }
-      }
-      rotate_tile_global<scalar_t, kTile, kThreads, Tile, kTurnBatch>(sK(buf), p.k_rotary, b, hk, j0, key_end, E);
-      fence_async_shared();
-      __syncthreads();  // the turned tiles are in, for the tensor cores
+      turn_step<scalar_t, kGroups>(tile == 0, sQ, {p.q_rotary, h, block_i0, p.queries}, sK(buf),
+                                   {p.k_rotary, hk, j0, key_end}, b, E);
     }
     float s[1][8][4], dp[1][8][4];
     wgmma_score_pair<scalar_t, kE, kEv, true>(s[0], sQ(wg), sK(buf), dp[0], sDO(wg), sV(buf));
@@ -219,16 +237,8 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
     if (kBuffers == 2 && u + 1 < steps) load_step(u + 1);
     cp_async_commit();
     if constexpr (kRotary) {  // RoPE: each group's K once, each Q tile as it lands
-      if (u == 0) {
-#pragma unroll
-        for (int g = 0; g < kGroups; ++g) {
-          rotate_tile_global<scalar_t, kTile, kThreads, Tile, kTurnBatch>(sK(g), p.k_rotary, b, hk,
-                                                                          block_j0 + kTile * g, p.keys, E);
-        }
-      }
-      rotate_tile_global<scalar_t, kTile, kThreads, Tile, kTurnBatch>(sQ(buf), p.q_rotary, b, h, i0, p.queries, E);
-      fence_async_shared();
-      __syncthreads();  // the turned tiles are in, for the tensor cores
+      turn_step<scalar_t, kGroups>(u == 0, sK, {p.k_rotary, hk, block_j0, p.keys}, sQ(buf),
+                                   {p.q_rotary, h, i0, p.queries}, b, E);
     }
 
     // This warp's 16 keys (rows) by the tile's 64 queries (columns).
