@@ -174,9 +174,12 @@ at::Tensor dropout_mask(const at::Tensor& dropout_state, at::IntArrayRef size, d
 std::vector<std::string> explain(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                                  const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                                  std::optional<double> scale, bool enable_gqa,
-                                 std::optional<c10::string_view> numerics) {
+                                 std::optional<c10::string_view> numerics,
+                                 const std::optional<at::Tensor>& query_rotary,
+                                 const std::optional<at::Tensor>& key_rotary, bool rotary_interleaved) {
   const AttentionProblem pb = make_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                                           numerics, {-1, 0, -1, 0, -1, 0});
+                                           numerics, {-1, 0, -1, 0, -1, 0}, std::nullopt, std::nullopt, query_rotary,
+                                           key_rotary, rotary_interleaved);
   std::string backward = explain_backward(pb);
   const bool float_mask = pb.params.mask_kind == MaskKind::kFloat || pb.params.mask_kind == MaskKind::kFloat32;
   if (float_mask && pb.params.mask_keys == 1) {
@@ -184,7 +187,7 @@ std::vector<std::string> explain(const at::Tensor& query, const at::Tensor& key,
   } else if (query.is_cuda() && float_mask) {
     const bool tensor_cores = backward_kernels(pb).tensor_cores;
     backward += std::string("; the float mask's gradient, where asked for, by its ") +
-                (tensor_cores ? "tensor-core kernel (CUDA-core with fused RoPE)" : "CUDA-core kernel");
+                (tensor_cores && !pb.params.rotary() ? "tensor-core kernel" : "CUDA-core kernel");
   }
   return {explain_forward(pb), backward};
 }
@@ -209,7 +212,8 @@ TORCH_LIBRARY(rudnn, m) {
   m.def("dropout_mask(Tensor dropout_state, int[] size, float p, int[] shard, ScalarType dtype) -> Tensor");
   m.def(
       "explain(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, float dropout_p, bool is_causal, "
-      "float? scale, bool enable_gqa, str? numerics) -> str[]");
+      "float? scale, bool enable_gqa, str? numerics, Tensor? query_rotary=None, Tensor? key_rotary=None, "
+      "bool rotary_interleaved=False) -> str[]");
   m.impl("explain", c10::DispatchKey::CompositeExplicitAutograd, &explain);
 }
 

@@ -46,6 +46,7 @@ std::string features(const AttentionProblem& pb) {
   if (p.mask_kind == MaskKind::kFloat || p.mask_kind == MaskKind::kFloat32) s += ", float mask";
   if (p.has_dropout) s += ", dropout";
   if (p.group() > 1) s += ", GQA group of " + std::to_string(p.group());
+  if (p.rotary()) s += ", fused RoPE";
   s += p.numerics == Numerics::kFlash ? ", flash numerics" : ", exact numerics";
   return s;
 }
@@ -82,7 +83,7 @@ KernelChoice forward_kernels(const AttentionProblem& pb) {
   return {obstacle.empty(), std::move(obstacle)};
 }
 
-bool uses_wgmma(const AttentionProblem& pb) {
+bool backward_uses_wgmma(const AttentionProblem& pb) {
 #if defined(RUDNN_WITH_CUDA) && defined(RUDNN_WGMMA)
   const AttentionParams& p = pb.params;
   if (const char* env = std::getenv("RUDNN_DISABLE_WGMMA"); env != nullptr && std::strcmp(env, "1") == 0) return false;
@@ -96,6 +97,8 @@ bool uses_wgmma(const AttentionProblem& pb) {
 #endif
 }
 
+bool forward_uses_wgmma(const AttentionProblem& pb) { return backward_uses_wgmma(pb) && !pb.params.rotary(); }
+
 KernelChoice backward_kernels(const AttentionProblem& pb) {
   KernelChoice choice = forward_kernels(pb);
   if (choice.tensor_cores && pb.params.numerics == Numerics::kExact) {
@@ -107,15 +110,15 @@ KernelChoice backward_kernels(const AttentionProblem& pb) {
 std::string explain_forward(const AttentionProblem& pb) {
   const KernelChoice choice = forward_kernels(pb);
   return explanation(pb, choice,
-                     choice.tensor_cores && uses_wgmma(pb) && !pb.params.rotary() ? "tensor-core forward (wgmma)"
-                                                                                  : "tensor-core forward (mma.sync)",
+                     choice.tensor_cores && forward_uses_wgmma(pb) ? "tensor-core forward (wgmma)"
+                                                                   : "tensor-core forward (mma.sync)",
                      "CUDA-core forward");
 }
 
 std::string explain_backward(const AttentionProblem& pb) {
   const KernelChoice choice = backward_kernels(pb);
   return explanation(pb, choice,
-                     choice.tensor_cores && uses_wgmma(pb)
+                     choice.tensor_cores && backward_uses_wgmma(pb)
                          ? "tensor-core backward (wgmma: dQ, then dK/dV per key tile)"
                          : "tensor-core backward (mma.sync: dQ, then dK/dV per key tile)",
                      "CUDA-core backward");

@@ -16,11 +16,12 @@ struct KernelChoice {
 
 KernelChoice forward_kernels(const AttentionProblem& pb);
 KernelChoice backward_kernels(const AttentionProblem& pb);
-// Whether the tensor-core kernels, forward and backward, take their products by wgmma (sm_90a
-// builds on an sm_90 device, head-dim buckets of whole 64-column panels) rather than by mma.sync.
-// The forward with fused RoPE stays on mma.sync whatever this says: turning each K tile in shared
-// memory for every 64 query rows costs it more than wgmma saves.
-bool uses_wgmma(const AttentionProblem& pb);
+// Whether the tensor-core kernels take their products by wgmma (sm_90a builds on an sm_90 device,
+// head-dim buckets of whole 64-column panels) rather than by mma.sync. The forward with fused RoPE
+// stays on mma.sync: turning each K tile in shared memory for every 64 query rows costs it more
+// than wgmma saves.
+bool forward_uses_wgmma(const AttentionProblem& pb);
+bool backward_uses_wgmma(const AttentionProblem& pb);
 
 // For people (rudnn.explain): the kernel family, the problem's features and the obstacle.
 std::string explain_forward(const AttentionProblem& pb);

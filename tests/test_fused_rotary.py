@@ -175,6 +175,18 @@ def test_functional_backward_with_rope(device):
         torch.testing.assert_close(got, s + e, rtol=0, atol=1e-12)
 
 
+def test_explain_names_fused_rope(device):
+    q, k, v = (torch.randn(2, 4, 70, 64, device=device, dtype=torch.bfloat16) for _ in range(3))
+    mask = torch.randn(70, 70, device=device)
+    e = rudnn.explain(q, k, v, attn_mask=mask, rope=rudnn.Rotary(offset=3))
+    assert "fused RoPE" in e.forward and "fused RoPE" in e.backward
+    assert "fused RoPE" not in rudnn.explain(q, k, v, attn_mask=mask).forward
+    if device == "cuda":  # the mask's gradient with fused RoPE: the CUDA-core kernel (whose loads turn Q and K)
+        assert e.backward.endswith("by its CUDA-core kernel")
+    with pytest.raises(ValueError, match="rudnn.Rotary"):
+        rudnn.explain(q, k, v, rope=10000.0)
+
+
 def test_fused_rope_errors(device):
     q = torch.randn(1, 2, 5, 7, device=device)
     with pytest.raises(ValueError, match="even head dim"):

@@ -57,25 +57,28 @@ def test_explain_names_the_products(monkeypatch):
 
 
 def _backward_kernels(monkeypatch, wgmma):
-    """Names of the CUDA kernels of one forward+backward with fused RoPE (E = 128, bf16)."""
+    """(explain's texts, names of the CUDA kernels) of one forward+backward with fused RoPE
+    (E = 128, bf16)."""
     if not wgmma:
         monkeypatch.setenv("RUDNN_DISABLE_WGMMA", "1")
     q, k, v = (t.requires_grad_() for t in _inputs(128))
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         rudnn.scaled_dot_product_attention(q, k, v, rope=rudnn.Rotary()).sum().backward()
         torch.cuda.synchronize()
-    return " ".join(e.key for e in prof.key_averages())
+    return rudnn.explain(q, k, v, rope=True), " ".join(e.key for e in prof.key_averages())
 
 
 def test_fused_rope_backward_products(monkeypatch):
-    # explain() takes no rope=; the profiler's kernel names say which products ran. On sm_90a
+    # The profiler's kernel names say which products ran, and explain must say the same: on sm_90a
     # builds the backward with fused RoPE runs the wgmma kernels and its forward mma.sync's.
-    names = _backward_kernels(monkeypatch, wgmma=True)
+    e, names = _backward_kernels(monkeypatch, wgmma=True)
     hopper = torch.cuda.get_device_capability() == (9, 0)
     assert ("attention_dq_wgmma_kernel" in names) == hopper and ("attention_dkdv_wgmma_kernel" in names) == hopper
-    assert "attention_forward_tc_kernel" in names
-    names = _backward_kernels(monkeypatch, wgmma=False)
+    assert ("(wgmma:" in e.backward) == hopper
+    assert "attention_forward_tc_kernel" in names and "(mma.sync)" in e.forward
+    e, names = _backward_kernels(monkeypatch, wgmma=False)
     assert "wgmma" not in names and "attention_dq_tc_kernel" in names
+    assert "(mma.sync)" in e.forward and "(mma.sync:" in e.backward
 
 
 @pytest.fixture(params=["default", "mma.sync"])

@@ -28,9 +28,9 @@ void attention_backward_tc(const AttentionProblem& pb, BackwardTensors& t, const
   // that of a mask constant along the keys (only under a key shard: mask_gradient_tc.cuh).
   const bool dmask_tc = dmask.defined() && !p.rotary() && p.mask_keys > 1;
   AT_DISPATCH_REDUCED_FLOATING_TYPES(dq.scalar_type(), "rudnn_attention_backward_tc", [&] {
-    launch_backward_tc<scalar_t>(p, a, uses_wgmma(pb), dq.data_ptr<scalar_t>(), dk_heads.data_ptr<scalar_t>(),
+    launch_backward_tc<scalar_t>(p, a, backward_uses_wgmma(pb), dq.data_ptr<scalar_t>(), dk_heads.data_ptr<scalar_t>(),
                                  dv_heads.data_ptr<scalar_t>());
-    if (dmask_tc) launch_mask_gradient_tc<scalar_t>(p, a, uses_wgmma(pb), dmask.data_ptr<float>());
+    if (dmask_tc) launch_mask_gradient_tc<scalar_t>(p, a, backward_uses_wgmma(pb), dmask.data_ptr<float>());
   });
   if (grouped) {
     const std::array<int64_t, 2> groups{p.kv_heads, p.group()};

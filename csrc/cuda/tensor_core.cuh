@@ -38,7 +38,7 @@ void dispatch_tc_dims(int64_t E, int64_t Ev, F&& f) {
 
 // The tensor-core forward's launches for one input dtype (attention_forward_tc.cuh, instantiated
 // in attention_forward_tc_bf16.cu and attention_forward_tc_f16.cu); kv_finite: keys_values_finite;
-// wgmma: the products by wgmma where the head-dim bucket allows (uses_wgmma).
+// wgmma: the products by wgmma where the head-dim bucket allows (kernel_choice.h).
 template <typename scalar_t>
 void launch_forward_tc(const AttentionParams& p, bool wgmma, scalar_t* out, float* lse, const bool* kv_finite);
 

@@ -133,10 +133,12 @@ class Explanation(NamedTuple):
 
 
 def explain(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, *,
-            numerics=None):
+            rope=None, numerics=None):
     """Which kernels `scaled_dot_product_attention` with these arguments runs, forward and backward,
     and why: the tensor-core kernels, or the CUDA-core ones with the reason they were passed over
     (dtype, head dims, strides, RUDNN_DISABLE_TENSOR_CORES=1, ...). Nothing is computed."""
+    query_table, key_table, interleaved = rotary_tables(rope, query, key)
     forward, backward = torch.ops.rudnn.explain(query, key, value, attn_mask, float(dropout_p), bool(is_causal),
-                                                scale, bool(enable_gqa), numerics)
+                                                scale, bool(enable_gqa), numerics, query_table, key_table,
+                                                interleaved)
     return Explanation(forward, backward)
