@@ -3,7 +3,9 @@
 
     python benchmarks/bench_rotary.py [--json results.json]
 
-Forward and forward+backward (the gradients of the un-rotated Q, K, V); bf16 on the GPU.
+Forward and forward+backward (the gradients of the un-rotated Q, K, V); bf16 on the GPU. Square
+training shapes, where attention's products dominate, and few queries over a long key sequence
+(decoding, a prefill chunk), where reading K does.
 """
 
 import torch
@@ -13,11 +15,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import rudnn
 from rudnn import benchmark
 
-CASES = {  # name: (B, Hq, Hk, L, E, causal)
-    "E=128, L=4096": (4, 16, 16, 4096, 128, False),
-    "E=128, L=4096, causal": (4, 16, 16, 4096, 128, True),
-    "E=128, L=4096, GQA 16/2, causal": (4, 16, 2, 4096, 128, True),
-    "E=64, L=8192, causal": (2, 16, 16, 8192, 64, True),
+CASES = {  # name: (B, Hq, Hk, L, S, E, causal)
+    "E=128, L=4096": (4, 16, 16, 4096, 4096, 128, False),
+    "E=128, L=4096, causal": (4, 16, 16, 4096, 4096, 128, True),
+    "E=128, L=4096, GQA 16/2, causal": (4, 16, 2, 4096, 4096, 128, True),
+    "E=64, L=8192, causal": (2, 16, 16, 8192, 8192, 64, True),
+    "E=128, L=16, S=32768, GQA 32/8": (4, 32, 8, 16, 32768, 128, False),
+    "E=128, L=256, S=16384, GQA 32/8": (4, 32, 8, 256, 16384, 128, False),
 }
 
 
@@ -30,8 +34,8 @@ def compiled_rope():
 
 
 def implementations(q, k, v, causal, gqa):
-    table = rudnn.rotary.rotary_table(torch.arange(q.size(-2), device=q.device), q.size(-1), 10000.0, 0)
-    cos, sin = table.chunk(2, dim=-1)
+    tables = {x.size(-2): rudnn.rotary.rotary_table(torch.arange(x.size(-2), device=x.device), x.size(-1), 10000.0,
+                                                    0).chunk(2, dim=-1) for x in (q, k)}
     rope = compiled_rope()
 
     def torch_attention(backend):
@@ -47,7 +51,7 @@ def implementations(q, k, v, causal, gqa):
         return lambda: attend(rotate(q), rotate(k), v)
 
     apply_rotary = rudnn.apply_rotary
-    compiled = lambda x: rope(x, cos, sin)  # noqa: E731
+    compiled = lambda x: rope(x, *tables[x.size(-2)])  # noqa: E731
     impls = {
         "rudnn, rope= fused": lambda: rudnn.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa,
                                                                          rope=True),
@@ -63,9 +67,9 @@ def main():
     args = benchmark.script_arguments(__doc__)
     rows = []
     lines = ["| case | implementation | mode | time (ms) | peak memory | fused speed-up |", "|---|---|---|---|---|---|"]
-    for case, (B, hq, hk, L, E, causal) in CASES.items():
+    for case, (B, hq, hk, L, S, E, causal) in CASES.items():
         q = torch.randn(B, hq, L, E, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        k, v = (torch.randn(B, hk, L, E, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+        k, v = (torch.randn(B, hk, S, E, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
         grad = torch.randn_like(q)
         times = {}
         for name, fn in implementations(q, k, v, causal, hq != hk).items():
