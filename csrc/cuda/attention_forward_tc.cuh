@@ -41,6 +41,10 @@ struct ForwardShape {
   static constexpr size_t kTableBytes = static_cast<size_t>(kBN) * kE * sizeof(float);
 };
 
+// RoPE's table pieces in flight per thread (rotary.cuh's kBatch): one, since more spill the
+// accumulators beside them (bf16, E = 128, bytes spilled: four pieces 624, one 112).
+constexpr int kTurnBatch = 1;
+
 // Blocks per multiprocessor the kernel is compiled for. E = 192, Ev = 128: shared memory holds
 // three, and the plain kernel fits their register share (168) without spilling; left free it took
 // 189 registers, so two. The wgmma kernels (one warp group of 64 rows, 128 keys) fit three blocks'
@@ -137,6 +141,7 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
   const RowRange keys = visible_keys(p, kv_finite, b, hk, i0, kBM, kBN);
   const int64_t key_end = keys.end;
   tile_to_smem_async<scalar_t, kBM, kE, kTcThreads, LayoutQ>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
+  if constexpr (kRotary) cp_async_commit();  // Q alone, turned below while the first K tile loads
   tile_to_smem_async<scalar_t, kBN, kE, kTcThreads, LayoutK>(sK, p.k, p.k_strides, b, hk, keys.begin, key_end, E,
                                                              in.k);
   if constexpr (kTableInSmem) table_to_smem_async<kBN, kTcThreads>(sTable, p.k_rotary, b, hk, keys.begin, key_end, E);
@@ -147,6 +152,11 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
 #pragma unroll
   for (int mi = 0; mi < kMI; ++mi) m[mi][0] = m[mi][1] = -INFINITY;
   const DropoutRng rng = device_rng(p);
+  if constexpr (kRotary) {  // RoPE: Q once, before the loop, where no fragment of P is live
+    cp_async_wait<1>();
+    __syncthreads();
+    rotate_tile_global<scalar_t, kBM, kTcThreads, LayoutQ, kTurnBatch>(sQ, p.q_rotary, b, h, i0, p.queries, E);
+  }
 
   // Keep bits per 64 keys, four bits per 8-key block in a word. By wgmma the first key tile's are
   // drawn before the loop and each next tile's while this one's P V products run; by mma.sync,
@@ -175,14 +185,12 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
     cp_async_wait<1>();  // Q, this K and this mask tile
     if constexpr (kWgmma) fence_async_shared();
     __syncthreads();
-    if constexpr (kRotary) {  // RoPE: Q once, each K tile as it lands
-      if (j0 == keys.begin) {
-        rotate_tile_global<scalar_t, kBM, kTcThreads, LayoutQ>(sQ, p.q_rotary, b, h, i0, p.queries, E);
-      }
+    if constexpr (kRotary) {  // RoPE: each K tile as it lands
       if constexpr (kTableInSmem) {
-        rotate_tile_smem<scalar_t, kBN, kTcThreads, LayoutK>(sK, sTable, p.k_rotary.interleaved, j0, key_end, E);
+        rotate_tile_smem<scalar_t, kBN, kTcThreads, LayoutK, kTurnBatch>(sK, sTable, p.k_rotary.interleaved, j0,
+                                                                         key_end, E);
       } else {
-        rotate_tile_global<scalar_t, kBN, kTcThreads, LayoutK>(sK, p.k_rotary, b, hk, j0, key_end, E);
+        rotate_tile_global<scalar_t, kBN, kTcThreads, LayoutK, kTurnBatch>(sK, p.k_rotary, b, hk, j0, key_end, E);
       }
       __syncthreads();
     }

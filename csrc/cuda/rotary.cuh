@@ -172,12 +172,12 @@ __device__ __forceinline__ void table_to_smem_async(float* dst, const RotaryTabl
 }
 
 // A tile turned with its table rows in shared memory (table_to_smem_async's layout).
-template <typename scalar_t, int kRows, int kThreadCount, typename Layout>
+template <typename scalar_t, int kRows, int kThreadCount, typename Layout, int kBatch>
 __device__ __forceinline__ void rotate_tile_smem(scalar_t* tile, const float* table, bool interleaved, int64_t row0,
                                                  int64_t rows, int E) {
   const int valid = static_cast<int>(max(int64_t{0}, min(int64_t{kRows}, rows - row0)));
-  rotate_tile<scalar_t, kRows, kThreadCount, Layout, 4>(tile, interleaved, valid, E, E % 8 == 0,
-                                                        [&](int r) { return table + r * E; });
+  rotate_tile<scalar_t, kRows, kThreadCount, Layout, kBatch>(tile, interleaved, valid, E, E % 8 == 0,
+                                                             [&](int r) { return table + r * E; });
 }
 
 }  // namespace rudnn::cuda
