@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
     }
     tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads, LayoutV>(sV, p.v, p.v_strides, b, hk, j0, key_end, Ev, in.v);
     cp_async_commit();
-    cp_async_wait<1>();  // Q, this K and this mask tile
+    cp_async_wait<1>();  // Q (without RoPE, waited for above with it), this K and this mask tile
     if constexpr (kWgmma) fence_async_shared();
     __syncthreads();
     if constexpr (kRotary) {  // RoPE: each K tile as it lands
