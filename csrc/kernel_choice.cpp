@@ -97,7 +97,9 @@ bool backward_uses_wgmma(const AttentionProblem& pb) {
 #endif
 }
 
-bool forward_uses_wgmma(const AttentionProblem& pb) { return backward_uses_wgmma(pb) && !pb.params.rotary(); }
+bool forward_uses_wgmma(const AttentionProblem& pb) {
+  return backward_uses_wgmma(pb) && (!pb.params.rotary() || pb.params.queries <= 64);
+}
 
 KernelChoice backward_kernels(const AttentionProblem& pb) {
   KernelChoice choice = forward_kernels(pb);

@@ -43,12 +43,15 @@ def test_explain_says_why_not():
 
 def test_explain_names_the_products(monkeypatch):
     # sm_90a builds (setup.py's default on an H100/H200) take the products of forward and backward
-    # by wgmma where the head-dim bucket is whole 64-column panels (the forward with fused RoPE stays on
-    # mma.sync).
+    # by wgmma where the head-dim bucket is whole 64-column panels (the forward with fused RoPE only
+    # where the queries fit one 64-row block).
     hopper = torch.cuda.get_device_capability() == (9, 0)
-    for e in (rudnn.explain(*_inputs(128)), rudnn.explain(*_inputs(192, 128))):
+    for e in (rudnn.explain(*_inputs(128)), rudnn.explain(*_inputs(192, 128)), rudnn.explain(*_inputs(128, L=64),
+                                                                                             rope=True)):
         assert ("(wgmma)" in e.forward) == hopper
         assert ("(wgmma:" in e.backward) == hopper
+    e = rudnn.explain(*_inputs(128, L=65), rope=True)
+    assert "(mma.sync)" in e.forward and ("(wgmma:" in e.backward) == hopper
     for e in (rudnn.explain(*_inputs(80)), rudnn.explain(*_inputs(32))):
         assert "(mma.sync)" in e.forward and "wgmma" not in e.backward
     monkeypatch.setenv("RUDNN_DISABLE_WGMMA", "1")
@@ -70,7 +73,7 @@ def _backward_kernels(monkeypatch, wgmma):
 
 def test_fused_rope_backward_products(monkeypatch):
     # The profiler's kernel names say which products ran, and explain must say the same: on sm_90a
-    # builds the backward with fused RoPE runs the wgmma kernels and its forward mma.sync's.
+    # builds the backward with fused RoPE runs the wgmma kernels and its forward (L = 70) mma.sync's.
     e, names = _backward_kernels(monkeypatch, wgmma=True)
     hopper = torch.cuda.get_device_capability() == (9, 0)
     assert ("attention_dq_wgmma_kernel" in names) == hopper and ("attention_dkdv_wgmma_kernel" in names) == hopper

@@ -36,8 +36,9 @@ struct ForwardShape {
       2 * (static_cast<size_t>(kBM + kBN) * kLdK + static_cast<size_t>(kBN) * kLdV) + kAlign;
   static_assert(!kWgmma || (kE % 64 == 0 && kEv % 64 == 0), "wgmma tiles are whole 64-column panels");
   // RoPE: each K tile's table rows come by cp.async with the tile, where they fit beside two blocks
-  // per multiprocessor; wider heads read them from global memory as they turn the tile.
-  static constexpr bool kTableInSmem = kE <= 128;
+  // per multiprocessor; wider heads, and the wgmma kernels (128-key tiles), read them from global
+  // memory as they turn the tile, prefetched into L1 a tile ahead.
+  static constexpr bool kTableInSmem = kE <= 128 && !kWgmma;
   static constexpr size_t kTableBytes = static_cast<size_t>(kBN) * kE * sizeof(float);
 };
 
@@ -107,12 +108,11 @@ __device__ __forceinline__ void probabilities_times_v(float (&o)[kMI][kEv / 8][4
 
 // kRotary: RoPE fused (p.rotary()); kSplit: "exact" numerics (P V's split products). Template
 // flags, so that the kernels without them keep their registers for the fragments (the code of
-// either alone made the E = 128 kernel spill). kWgmma: ForwardShape's; RoPE turns padded tiles only.
+// either alone made the E = 128 kernel spill). kWgmma: ForwardShape's.
 template <typename scalar_t, int kE, int kEv, bool kRotary, bool kSplit, bool kWgmma>
 __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotary, kSplit, kWgmma))
     attention_forward_tc_kernel(const AttentionParams p, scalar_t* __restrict__ out, float* __restrict__ lse,
                                 const bool* __restrict__ kv_finite) {
-  static_assert(!(kWgmma && kRotary), "fused RoPE runs on the mma.sync products");
   using Shape = ForwardShape<kE, kEv, kWgmma, kSplit>;
   using LayoutQ = typename Shape::LayoutQ;
   using LayoutK = typename Shape::LayoutK;
@@ -144,7 +144,11 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
   if constexpr (kRotary) cp_async_commit();  // Q alone, turned below while the first K tile loads
   tile_to_smem_async<scalar_t, kBN, kE, kTcThreads, LayoutK>(sK, p.k, p.k_strides, b, hk, keys.begin, key_end, E,
                                                              in.k);
-  if constexpr (kTableInSmem) table_to_smem_async<kBN, kTcThreads>(sTable, p.k_rotary, b, hk, keys.begin, key_end, E);
+  if constexpr (kTableInSmem) {
+    table_to_smem_async<kBN, kTcThreads>(sTable, p.k_rotary, b, hk, keys.begin, key_end, E);
+  } else if constexpr (kRotary) {
+    prefetch_table_rows<kBN, kTcThreads>(p.k_rotary, b, hk, keys.begin, key_end, E);
+  }
   cp_async_commit();
 
   // m: running maximum of a row; l: this lane's part of its running denominator.
@@ -192,6 +196,7 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
       } else {
         rotate_tile_global<scalar_t, kBN, kTcThreads, LayoutK, kTurnBatch>(sK, p.k_rotary, b, hk, j0, key_end, E);
       }
+      if constexpr (kWgmma) fence_async_shared();  // the turned tile, for the tensor cores
       __syncthreads();
     }
 
@@ -205,7 +210,11 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
     if (j0 + kBN < key_end) {
       tile_to_smem_async<scalar_t, kBN, kE, kTcThreads, LayoutK>(sK, p.k, p.k_strides, b, hk, j0 + kBN, key_end, E,
                                                                  in.k);
-      if constexpr (kTableInSmem) table_to_smem_async<kBN, kTcThreads>(sTable, p.k_rotary, b, hk, j0 + kBN, key_end, E);
+      if constexpr (kTableInSmem) {
+        table_to_smem_async<kBN, kTcThreads>(sTable, p.k_rotary, b, hk, j0 + kBN, key_end, E);
+      } else if constexpr (kRotary) {
+        prefetch_table_rows<kBN, kTcThreads>(p.k_rotary, b, hk, j0 + kBN, key_end, E);
+      }
     }
     cp_async_commit();
 
@@ -296,7 +305,7 @@ void launch_forward_tc(const AttentionParams& p, bool wgmma, scalar_t* out, floa
                          p, out, lse, kv_finite);
         };
 #ifdef RUDNN_WGMMA
-        if constexpr (kE % 64 == 0 && kEv % 64 == 0 && !kRotary) {
+        if constexpr (kE % 64 == 0 && kEv % 64 == 0) {
           if (wgmma) return launch(std::true_type{});
         }
 #endif
