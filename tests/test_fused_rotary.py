@@ -32,6 +32,8 @@ CASES = {
     "mask dropout": ((2, 1, 70, 90, 128, 128), dict(attn_mask="bool", dropout_p=0.2, enable_gqa=True),
                      dict(base=500.0)),
     "decode": ((4, 4, 1, 129, 96, 96), {}, dict(offset=128, key_offset=0)),
+    # Several query and key tiles at E = 128: tiles turned while the previous ones' products run.
+    "tiles E128 causal": ((2, 2, 150, 300, 128, 128), dict(is_causal=True), dict(offset=7)),
     # Head dims of the wider buckets (on sm_90a the wgmma backward: two warp groups, one streamed
     # buffer, separate dK and dV launches; pairs across 64-column panels), and E = 100, whose
     # pairs turn element by element.

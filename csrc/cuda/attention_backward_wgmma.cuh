@@ -1,9 +1,10 @@
 // Backward on the tensor cores by wgmma (sm_90a): attention_backward_tc.cuh's deterministic split
 // (a query-owned dQ kernel, a key-owned dK/dV kernel, no atomics) with each four warps of a block
-// one warp group of 64 rows (two groups sharing the streamed tiles for the widest heads:
-// max_groups), the tiles in wgmma.cuh's swizzled panels (head-dim buckets of 64, 128, 192 and
-// 256). With RoPE fused (kRotary), each kernel turns its owned Q or K tiles once and each streamed
-// K or Q tile as it lands, in shared memory (rotary.cuh), before the tensor cores read it.
+// one warp group of 64 rows (two groups sharing the streamed tiles for the widest heads and with
+// RoPE: max_groups), the tiles in wgmma.cuh's swizzled panels (head-dim buckets of 64, 128, 192
+// and 256). With RoPE fused (kRotary), each kernel turns its owned Q or K tiles once and each
+// streamed K or Q tile in shared memory (rotary.cuh) before the tensor cores read it: where the
+// tiles are double-buffered, the next one during this one's last products (turn_ahead).
 //   dQ kernel: 64 query rows a group; K/V tiles of 64 keys, double-buffered where stream_buffers
 //   says. S = Q K^T and dP = dO V^T come from shared memory together, and dS, rounded in
 //   registers, is the left operand of dQ += dS K.
@@ -39,12 +40,14 @@ struct TurnedRows {
   int64_t head, row0, rows;
 };
 
-// RoPE in a step of a wgmma backward kernel: on the first step each group's owned tile, then the
-// step's streamed tile, turned in shared memory and published to the tensor cores.
-template <typename scalar_t, int kGroups, typename OwnedTile>
+// RoPE in a step of a wgmma backward kernel: on the first step each group's owned tile and the
+// step's streamed tile, turned in shared memory and published to the tensor cores. With two
+// buffers, the later steps' streamed tiles were turned ahead, during the step before.
+template <typename scalar_t, int kGroups, int kBuffers, typename OwnedTile>
 __device__ __forceinline__ void turn_step(bool first, OwnedTile owned_tile, const TurnedRows& owned,
                                           scalar_t* streamed_tile, const TurnedRows& streamed, int64_t b, int E) {
   constexpr int kThreads = kTcThreads * kGroups;
+  if (kBuffers == 2 && !first) return;
   if (first) {
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) {
@@ -58,17 +61,30 @@ __device__ __forceinline__ void turn_step(bool first, OwnedTile owned_tile, cons
   __syncthreads();  // the turned tiles are in, for the tensor cores
 }
 
+// The next step's streamed tile, landing in the other buffer, turned while this step's last
+// products run: the next step's opening fence and barrier publish it to the tensor cores.
+template <typename scalar_t, int kGroups>
+__device__ __forceinline__ void turn_ahead(scalar_t* next_tile, const TurnedRows& next, int64_t b, int E) {
+  cp_async_wait<0>();
+  __syncthreads();  // every thread's part of the next tile has landed
+  rotate_tile_global<scalar_t, kTile, kTcThreads * kGroups, Tile, kTurnBatch>(next_tile, next.table, b, next.head,
+                                                                              next.row0, next.rows, E);
+}
+
 // Warp groups of a block, each owning 64 rows (dQ owns Q and dO and streams K and V; dK/dV the
 // other way round): where one block of one group fills a multiprocessor's shared memory (K+V
 // wider than 320 columns), two groups share its streamed tiles, twice the warps at the same bytes.
-constexpr int max_groups(int e, int ev) { return e + ev > 320 ? 2 : 1; }
+// With RoPE two groups share them up to 256 columns too, so that each streamed tile is turned
+// once for 128 owned rows rather than 64.
+constexpr int max_groups(int e, int ev, bool rotary) { return e + ev > 320 || (rotary && e + ev <= 256) ? 2 : 1; }
 
 // Buffers of the streamed tiles. Two let a block load the next tile during this one's products,
 // but two blocks (or groups) a multiprocessor hide more than that: where three 64-row tiles of
 // 16-bit K+V columns (96 KiB up to 256 columns) would keep a second block out and two (up to 320)
-// let it in, and beside a second group, there is one.
+// let it in, and beside a second wide group, there is one. Up to 256 columns, two groups' owned
+// tiles and two buffers take 128 KiB.
 constexpr int stream_buffers(int e, int ev, int groups) {
-  return groups == 1 && (e + ev <= 256 || e + ev > 320) ? 2 : 1;
+  return e + ev <= 256 || (groups == 1 && e + ev > 320) ? 2 : 1;
 }
 
 // Bytes of either kernel's tiles: the owned tiles and the streamed buffers.
@@ -142,8 +158,8 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
     if (kBuffers == 2 && j0 + kTile < key_end) load_keys(buf ^ 1, j0 + kTile);
     cp_async_commit();
     if constexpr (kRotary) {  // RoPE: each group's Q once, each K tile as it lands
-      turn_step<scalar_t, kGroups>(tile == 0, sQ, {p.q_rotary, h, block_i0, p.queries}, sK(buf),
-                                   {p.k_rotary, hk, j0, key_end}, b, E);
+      turn_step<scalar_t, kGroups, kBuffers>(tile == 0, sQ, {p.q_rotary, h, block_i0, p.queries}, sK(buf),
+                                             {p.k_rotary, hk, j0, key_end}, b, E);
     }
     float s[1][8][4], dp[1][8][4];
     wgmma_score_pair<scalar_t, kE, kEv, true>(s[0], sQ(wg), sK(buf), dp[0], sDO(wg), sV(buf));
@@ -155,7 +171,13 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
     }
     fragment_gradients<true>(p, s, dp, lse, delta, keep);
     // dQ_i += sum_j dS_ij K_j
-    wgmma_fragments_times_tile<scalar_t, kTile, kE, false>(acc, dp[0], sK(buf), [&] { draw_keep(j0 + kTile); });
+    wgmma_fragments_times_tile<scalar_t, kTile, kE, false>(acc, dp[0], sK(buf), [&] {
+      draw_keep(j0 + kTile);
+      if constexpr (kRotary && kBuffers == 2) {
+        const int64_t next = j0 + kTile;
+        if (next < key_end) turn_ahead<scalar_t, kGroups>(sK(buf ^ 1), {p.k_rotary, hk, next, key_end}, b, E);
+      }
+    });
     if (kBuffers == 1 && j0 + kTile < key_end) {
       __syncthreads();  // every warp is done with the one buffer
       load_keys(0, j0 + kTile);
@@ -237,8 +259,8 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
     if (kBuffers == 2 && u + 1 < steps) load_step(u + 1);
     cp_async_commit();
     if constexpr (kRotary) {  // RoPE: each group's K once, each Q tile as it lands
-      turn_step<scalar_t, kGroups>(u == 0, sK, {p.k_rotary, hk, block_j0, p.keys}, sQ(buf),
-                                   {p.q_rotary, h, i0, p.queries}, b, E);
+      turn_step<scalar_t, kGroups, kBuffers>(u == 0, sK, {p.k_rotary, hk, block_j0, p.keys}, sQ(buf),
+                                             {p.q_rotary, h, i0, p.queries}, b, E);
     }
 
     // This warp's 16 keys (rows) by the tile's 64 queries (columns).
@@ -280,6 +302,9 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, min_blocks(kE, kGroups))
       if constexpr (kWantK) wgmma_issue_rs<scalar_t, kTile, kE>(acc_k, dst[kk], kk, sQ(buf));
     }
     draw_keep(u + 1);
+    if constexpr (kRotary && kBuffers == 2) {
+      if (u + 1 < steps) turn_ahead<scalar_t, kGroups>(sQ(buf ^ 1), {p.q_rotary, h, i0 + kTile, p.queries}, b, E);
+    }
     wgmma_end();
     fence_fragments(acc_k);
     fence_fragments(acc_v);
@@ -310,42 +335,43 @@ size_t dkdv_smem(MaskKind mask) {
 }
 
 // dQ, then dK and dV (per query head: launch_backward_tc's), with kGroups warp groups a block.
-template <typename scalar_t, int kE, int kEv, int kGroups>
+template <typename scalar_t, int kE, int kEv, int kGroups, bool kRotary>
 void launch_backward_groups(const AttentionParams& p, const BackwardArgs<float>& a, scalar_t* dq, scalar_t* dk,
                             scalar_t* dv) {
   constexpr int kThreads = kTcThreads * kGroups, kBlockRows = kTile * kGroups;
-  dispatch_flag(p.rotary(), [&](auto rotary) {
-    constexpr bool kRotary = decltype(rotary)::value;
-    launch_threads(attention_dq_wgmma_kernel<scalar_t, kE, kEv, kGroups, kRotary>,
-                   tile_grid(p.queries, kBlockRows, p.heads, p.batch), kThreads,
-                   dq_smem<scalar_t, kE, kEv, kGroups>(p.mask_kind), p, a, dq);
-    const dim3 key_grid = tile_grid(p.keys, kBlockRows, p.heads, p.batch);
-    const auto launch_dkdv = [&](auto grads) {
-      launch_threads(attention_dkdv_wgmma_kernel<scalar_t, kE, kEv, kGroups, decltype(grads)::value, kRotary>,
-                     key_grid, kThreads, dkdv_smem<scalar_t, kE, kEv, kGroups>(p.mask_kind), p, a, dk, dv);
-    };
-    if constexpr (kE <= 128 && kEv <= 128) {
-      launch_dkdv(std::integral_constant<int, kGradKV>{});
-    } else {
-      launch_dkdv(std::integral_constant<int, kGradK>{});
-      launch_dkdv(std::integral_constant<int, kGradV>{});
-    }
-  });
+  launch_threads(attention_dq_wgmma_kernel<scalar_t, kE, kEv, kGroups, kRotary>,
+                 tile_grid(p.queries, kBlockRows, p.heads, p.batch), kThreads,
+                 dq_smem<scalar_t, kE, kEv, kGroups>(p.mask_kind), p, a, dq);
+  const dim3 key_grid = tile_grid(p.keys, kBlockRows, p.heads, p.batch);
+  const auto launch_dkdv = [&](auto grads) {
+    launch_threads(attention_dkdv_wgmma_kernel<scalar_t, kE, kEv, kGroups, decltype(grads)::value, kRotary>, key_grid,
+                   kThreads, dkdv_smem<scalar_t, kE, kEv, kGroups>(p.mask_kind), p, a, dk, dv);
+  };
+  if constexpr (kE <= 128 && kEv <= 128) {
+    launch_dkdv(std::integral_constant<int, kGradKV>{});
+  } else {
+    launch_dkdv(std::integral_constant<int, kGradK>{});
+    launch_dkdv(std::integral_constant<int, kGradV>{});
+  }
 }
 
-// The backward for head-dim buckets of whole panels: two warp groups a block where max_groups
-// says and the kernels' shared memory fits beside their mask tiles (a float32 mask's may not at
-// 256), else one.
+// The backward for head-dim buckets of whole panels, with max_groups' warp groups a block; for
+// the widest heads, one group where two groups' shared memory does not fit beside their mask
+// tiles (a float32 mask's may not at 256).
 template <typename scalar_t, int kE, int kEv>
 void launch_backward_wgmma(const AttentionParams& p, const BackwardArgs<float>& a, scalar_t* dq, scalar_t* dk,
                            scalar_t* dv) {
   static_assert(kE % 64 == 0 && kEv % 64 == 0, "wgmma tiles are whole 64-column panels");
-  if constexpr (max_groups(kE, kEv) == 2) {
-    const size_t need =
-        std::max(dq_smem<scalar_t, kE, kEv, 2>(p.mask_kind), dkdv_smem<scalar_t, kE, kEv, 2>(p.mask_kind));
-    if (need <= max_shared_memory()) return launch_backward_groups<scalar_t, kE, kEv, 2>(p, a, dq, dk, dv);
-  }
-  launch_backward_groups<scalar_t, kE, kEv, 1>(p, a, dq, dk, dv);
+  dispatch_flag(p.rotary(), [&](auto rotary) {
+    constexpr bool kRotary = decltype(rotary)::value;
+    constexpr int kGroups = max_groups(kE, kEv, kRotary);
+    if constexpr (kE + kEv > 320) {
+      const size_t need =
+          std::max(dq_smem<scalar_t, kE, kEv, 2>(p.mask_kind), dkdv_smem<scalar_t, kE, kEv, 2>(p.mask_kind));
+      if (need > max_shared_memory()) return launch_backward_groups<scalar_t, kE, kEv, 1, kRotary>(p, a, dq, dk, dv);
+    }
+    launch_backward_groups<scalar_t, kE, kEv, kGroups, kRotary>(p, a, dq, dk, dv);
+  });
 }
 
 }  // namespace wgmma_backward
