@@ -98,7 +98,8 @@ bool backward_uses_wgmma(const AttentionProblem& pb) {
 }
 
 bool forward_uses_wgmma(const AttentionProblem& pb) {
-  return backward_uses_wgmma(pb) && (!pb.params.rotary() || pb.params.queries <= 64);
+  const AttentionParams& p = pb.params;
+  return backward_uses_wgmma(pb) && (!p.rotary() || p.queries <= 64 || std::max(p.head_dim, p.value_dim) <= 128);
 }
 
 KernelChoice backward_kernels(const AttentionProblem& pb) {

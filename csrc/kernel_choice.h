@@ -18,9 +18,10 @@ KernelChoice forward_kernels(const AttentionProblem& pb);
 KernelChoice backward_kernels(const AttentionProblem& pb);
 // Whether the tensor-core kernels take their products by wgmma (sm_90a builds on an sm_90 device,
 // head-dim buckets of whole 64-column panels) rather than by mma.sync. With fused RoPE every query
-// block turns each K tile it reads; wgmma's blocks hold 64 query rows against mma.sync's 128, so
-// they turn K twice as often, and the forward takes wgmma only where the queries fit one block
-// (L <= 64: decoding, short chunks over a long cache).
+// block turns each K tile it reads: up to head dim 128 the wgmma forward's blocks hold two warp
+// groups (128 rows, as mma.sync's) past 64 queries, but wider heads' one group of 64 rows would
+// turn K twice as often as mma.sync, so there the forward takes wgmma only where the queries fit
+// one block (L <= 64: decoding, short chunks over a long cache).
 bool forward_uses_wgmma(const AttentionProblem& pb);
 bool backward_uses_wgmma(const AttentionProblem& pb);
 

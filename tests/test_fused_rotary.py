@@ -45,8 +45,8 @@ CASES = {
 
 
 # The tensor-core dtypes run twice on CUDA: with the default products (on sm_90a builds the
-# backward by wgmma in every case here but E = 96, the forward too where L <= 64) and with
-# RUDNN_DISABLE_WGMMA=1 (mma.sync throughout).
+# backward by wgmma in every case here but E = 96, the forward too where E <= 128 or L <= 64) and
+# with RUDNN_DISABLE_WGMMA=1 (mma.sync throughout).
 DTYPES_PRODUCTS = [(torch.float64, "default"), (torch.float32, "default"), (torch.bfloat16, "default"),
                    (torch.float16, "default"), (torch.bfloat16, "mma.sync"), (torch.float16, "mma.sync")]
 

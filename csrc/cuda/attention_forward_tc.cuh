@@ -22,18 +22,24 @@ namespace tc_forward {
 // 64 keys an m64n64k16 from shared memory reads as many bytes per cycle as the multiprocessor
 // serves) and the softmax's row reductions and the barriers come half as often; kSplit's second
 // fragments of P keep 64.
-template <int kE, int kEv, bool kWgmma = false, bool kSplit = false>
+// kGroups = 2 is the fused-RoPE shape of more than one 64-row block by wgmma: two warp groups of 64
+// rows share each K tile, so that it is turned once per 128 rows, and K is double-buffered, so
+// that the next tile is turned while this one's P V products run.
+template <int kE, int kEv, bool kWgmma = false, bool kSplit = false, int kGroups = 1>
 struct ForwardShape {
+  static_assert(kGroups == 1 || kWgmma, "warp groups are wgmma's");
+  static constexpr int kThreads = kTcThreads * kGroups;
   // 16-row fragments per warp: mma.sync reads each K/V fragment for two where the registers allow.
   static constexpr int kMI = kE <= 128 && !kWgmma ? 2 : 1;
-  static constexpr int kBM = 16 * kMI * kTcWarps, kBN = kWgmma && kE <= 128 && !kSplit ? 128 : 64, kNB = kBN / 8;
+  static constexpr int kBM = 16 * kMI * kTcWarps * kGroups, kBN = kWgmma && kE <= 128 && !kSplit ? 128 : 64;
+  static constexpr int kNB = kBN / 8, kKBuffers = kGroups;
   static constexpr int kLdK = kWgmma ? kE : tc_ld<kE>(), kLdV = kWgmma ? kEv : tc_ld<kEv>();
   using LayoutQ = std::conditional_t<kWgmma, SwizzledTile<kBM>, PaddedTile<kE>>;
   using LayoutK = std::conditional_t<kWgmma, SwizzledTile<kBN>, PaddedTile<kE>>;
   using LayoutV = std::conditional_t<kWgmma, SwizzledTile<kBN>, PaddedTile<kEv>>;
   static constexpr size_t kAlign = kWgmma ? kPanelAlign : 0;  // slack to align the panels
   static constexpr size_t kSmem =
-      2 * (static_cast<size_t>(kBM + kBN) * kLdK + static_cast<size_t>(kBN) * kLdV) + kAlign;
+      2 * (static_cast<size_t>(kBM + kKBuffers * kBN) * kLdK + static_cast<size_t>(kBN) * kLdV) + kAlign;
   static_assert(!kWgmma || (kE % 64 == 0 && kEv % 64 == 0), "wgmma tiles are whole 64-column panels");
   // RoPE: each K tile's table rows come by cp.async with the tile, where they fit beside two blocks
   // per multiprocessor; wider heads, and the wgmma kernels (128-key tiles), read them from global
@@ -49,8 +55,9 @@ constexpr int kTurnBatch = 1;
 // Blocks per multiprocessor the kernel is compiled for. E = 192, Ev = 128: shared memory holds
 // three, and the plain kernel fits their register share (168) without spilling; left free it took
 // 189 registers, so two. The wgmma kernels (one warp group of 64 rows, 128 keys) fit three blocks'
-// share at head dim 64 and two at 128 without spilling.
-constexpr int forward_min_blocks(int e, int ev, bool rotary, bool split, bool wgmma) {
+// share at head dim 64 and two at 128 without spilling; two groups, one.
+constexpr int forward_min_blocks(int e, int ev, bool rotary, bool split, bool wgmma, int groups) {
+  if (groups == 2) return 1;
   if (wgmma && e <= 128) return e <= 64 ? 3 : 2;
   return e == 192 && ev == 128 && !rotary && !split ? 3 : 1;
 }
@@ -108,18 +115,20 @@ __device__ __forceinline__ void probabilities_times_v(float (&o)[kMI][kEv / 8][4
 
 // kRotary: RoPE fused (p.rotary()); kSplit: "exact" numerics (P V's split products). Template
 // flags, so that the kernels without them keep their registers for the fragments (the code of
-// either alone made the E = 128 kernel spill). kWgmma: ForwardShape's.
-template <typename scalar_t, int kE, int kEv, bool kRotary, bool kSplit, bool kWgmma>
-__global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotary, kSplit, kWgmma))
+// either alone made the E = 128 kernel spill). kWgmma, kGroups: ForwardShape's.
+template <typename scalar_t, int kE, int kEv, bool kRotary, bool kSplit, bool kWgmma, int kGroups>
+__global__ void __launch_bounds__(kTcThreads * kGroups, forward_min_blocks(kE, kEv, kRotary, kSplit, kWgmma, kGroups))
     attention_forward_tc_kernel(const AttentionParams p, scalar_t* __restrict__ out, float* __restrict__ lse,
                                 const bool* __restrict__ kv_finite) {
-  using Shape = ForwardShape<kE, kEv, kWgmma, kSplit>;
+  using Shape = ForwardShape<kE, kEv, kWgmma, kSplit, kGroups>;
   using LayoutQ = typename Shape::LayoutQ;
   using LayoutK = typename Shape::LayoutK;
   using LayoutV = typename Shape::LayoutV;
-  constexpr int kMI = Shape::kMI, kBM = Shape::kBM, kBN = Shape::kBN, kNB = Shape::kNB;
+  constexpr int kMI = Shape::kMI, kBM = Shape::kBM, kBN = Shape::kBN, kNB = Shape::kNB, kThreads = Shape::kThreads;
   constexpr int kLdK = Shape::kLdK, kLdV = Shape::kLdV;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // With two K buffers (RoPE's two groups), the next K tile lands and is turned during this one.
+  constexpr bool kAhead = kRotary && Shape::kKBuffers == 2;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = threadIdx.x / kTcThreads;
   const int64_t b = blockIdx.z, h = blockIdx.y;
   // Causal blocks run from the longest rows down, so that the last wave is of short ones.
   const int64_t i0 = static_cast<int64_t>(p.is_causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kBM;
@@ -131,8 +140,8 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
   unsigned char* smem = smem_base;
   if constexpr (kWgmma) smem = align_panels(smem_base);
   scalar_t* sQ = reinterpret_cast<scalar_t*>(smem);
-  scalar_t* sK = sQ + kBM * kLdK;
-  scalar_t* sV = sK + kBN * kLdK;
+  const auto sK = [=](int buf) { return sQ + kBM * kLdK + buf * kBN * kLdK; };
+  scalar_t* sV = sK(Shape::kKBuffers);
   unsigned char* sMask = reinterpret_cast<unsigned char*>(sV + kBN * kLdV);
   float* sTable = reinterpret_cast<float*>(sMask + mask_tile_bytes<scalar_t, kBM, kBN>(p.mask_kind));
   constexpr bool kTableInSmem = Shape::kTableInSmem && kRotary;
@@ -140,15 +149,17 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
   // Tiles past the causal frontier are skipped unless K or V holds a non-finite value.
   const RowRange keys = visible_keys(p, kv_finite, b, hk, i0, kBM, kBN);
   const int64_t key_end = keys.end;
-  tile_to_smem_async<scalar_t, kBM, kE, kTcThreads, LayoutQ>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
+  tile_to_smem_async<scalar_t, kBM, kE, kThreads, LayoutQ>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
   if constexpr (kRotary) cp_async_commit();  // Q alone, turned below while the first K tile loads
-  tile_to_smem_async<scalar_t, kBN, kE, kTcThreads, LayoutK>(sK, p.k, p.k_strides, b, hk, keys.begin, key_end, E,
-                                                             in.k);
-  if constexpr (kTableInSmem) {
-    table_to_smem_async<kBN, kTcThreads>(sTable, p.k_rotary, b, hk, keys.begin, key_end, E);
-  } else if constexpr (kRotary) {
-    prefetch_table_rows<kBN, kTcThreads>(p.k_rotary, b, hk, keys.begin, key_end, E);
-  }
+  const auto load_keys = [&](int buf, int64_t j) {
+    tile_to_smem_async<scalar_t, kBN, kE, kThreads, LayoutK>(sK(buf), p.k, p.k_strides, b, hk, j, key_end, E, in.k);
+    if constexpr (kTableInSmem) {
+      table_to_smem_async<kBN, kThreads>(sTable, p.k_rotary, b, hk, j, key_end, E);
+    } else if constexpr (kRotary) {
+      prefetch_table_rows<kBN, kThreads>(p.k_rotary, b, hk, j, key_end, E);
+    }
+  };
+  load_keys(0, keys.begin);
   cp_async_commit();
 
   // m: running maximum of a row; l: this lane's part of its running denominator.
@@ -159,7 +170,7 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
   if constexpr (kRotary) {  // RoPE: Q once, before the loop, where no fragment of P is live
     cp_async_wait<1>();
     __syncthreads();
-    rotate_tile_global<scalar_t, kBM, kTcThreads, LayoutQ, kTurnBatch>(sQ, p.q_rotary, b, h, i0, p.queries, E);
+    rotate_tile_global<scalar_t, kBM, kThreads, LayoutQ, kTurnBatch>(sQ, p.q_rotary, b, h, i0, p.queries, E);
   }
 
   // Keep bits per 64 keys, four bits per 8-key block in a word. By wgmma the first key tile's are
@@ -178,45 +189,49 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
     }
   };
   if constexpr (kWgmma) draw_keep(keys.begin);
-  for (int64_t j0 = keys.begin; j0 < key_end; j0 += kBN) {
-    __syncthreads();  // every warp is done with the previous V and mask tile
+  for (int64_t j0 = keys.begin, tile = 0; j0 < key_end; j0 += kBN, ++tile) {
+    const int buf = static_cast<int>(tile % Shape::kKBuffers);
+    __syncthreads();  // every warp is done with the previous V and mask tile (and K buffer)
     if (in.masked) {
-      mask_tile_to_smem<scalar_t, kBM, kBN>(p, sMask, b, h, i0, j0, in.mask_async);
+      mask_tile_to_smem<scalar_t, kBM, kBN, kThreads>(p, sMask, b, h, i0, j0, in.mask_async);
       cp_async_commit();
     }
-    tile_to_smem_async<scalar_t, kBN, kEv, kTcThreads, LayoutV>(sV, p.v, p.v_strides, b, hk, j0, key_end, Ev, in.v);
+    tile_to_smem_async<scalar_t, kBN, kEv, kThreads, LayoutV>(sV, p.v, p.v_strides, b, hk, j0, key_end, Ev, in.v);
     cp_async_commit();
-    cp_async_wait<1>();  // Q (without RoPE, waited for above with it), this K and this mask tile
+    if constexpr (kAhead) {
+      if (j0 + kBN < key_end) load_keys(buf ^ 1, j0 + kBN);
+      cp_async_commit();
+    }
+    // Q (without RoPE, waited for above with it), this K and this mask tile; V (and the next K) may
+    // still be landing.
+    cp_async_wait<kAhead ? 2 : 1>();
     if constexpr (kWgmma) fence_async_shared();
     __syncthreads();
-    if constexpr (kRotary) {  // RoPE: each K tile as it lands
-      if constexpr (kTableInSmem) {
-        rotate_tile_smem<scalar_t, kBN, kTcThreads, LayoutK, kTurnBatch>(sK, sTable, p.k_rotary.interleaved, j0,
+    if constexpr (kRotary) {  // RoPE: each K tile as it lands, where not turned ahead
+      if (!kAhead || tile == 0) {
+        if constexpr (kTableInSmem) {
+          rotate_tile_smem<scalar_t, kBN, kThreads, LayoutK, kTurnBatch>(sK(buf), sTable, p.k_rotary.interleaved, j0,
                                                                          key_end, E);
-      } else {
-        rotate_tile_global<scalar_t, kBN, kTcThreads, LayoutK, kTurnBatch>(sK, p.k_rotary, b, hk, j0, key_end, E);
+        } else {
+          rotate_tile_global<scalar_t, kBN, kThreads, LayoutK, kTurnBatch>(sK(buf), p.k_rotary, b, hk, j0, key_end,
+                                                                           E);
+        }
+        if constexpr (kWgmma) fence_async_shared();  // the turned tile, for the tensor cores
+        __syncthreads();
       }
-      if constexpr (kWgmma) fence_async_shared();  // the turned tile, for the tensor cores
-      __syncthreads();
     }
 
     float s[kMI][kNB][4] = {};
     if constexpr (kWgmma) {
-      wgmma_scores<scalar_t, kBM, kBN, kE>(s[0], sQ, sK);
+      wgmma_scores<scalar_t, kBM, kBN, kE>(s[0], sQ + LayoutQ::offset(64 * wg, 0), sK(buf));
     } else {
-      queries_times_keys<scalar_t, kMI, kNB, kE, kLdK>(s, sQ, sK);
+      queries_times_keys<scalar_t, kMI, kNB, kE, kLdK>(s, sQ, sK(buf));
     }
-    __syncthreads();  // every warp is done with this K
-    if (j0 + kBN < key_end) {
-      tile_to_smem_async<scalar_t, kBN, kE, kTcThreads, LayoutK>(sK, p.k, p.k_strides, b, hk, j0 + kBN, key_end, E,
-                                                                 in.k);
-      if constexpr (kTableInSmem) {
-        table_to_smem_async<kBN, kTcThreads>(sTable, p.k_rotary, b, hk, j0 + kBN, key_end, E);
-      } else if constexpr (kRotary) {
-        prefetch_table_rows<kBN, kTcThreads>(p.k_rotary, b, hk, j0 + kBN, key_end, E);
-      }
+    if constexpr (!kAhead) {
+      __syncthreads();  // every warp is done with this K
+      if (j0 + kBN < key_end) load_keys(0, j0 + kBN);
+      cp_async_commit();
     }
-    cp_async_commit();
 
     fragment_scores(p, s, b, row0, j0, tile_on_edge(p, b, row0, 16 * kMI, j0, kBN));
     if (in.masked) fragment_add_mask<scalar_t, kMI, kNB, kBN>(p, s, sMask, warp * 16 * kMI, 0);
@@ -255,7 +270,17 @@ __global__ void __launch_bounds__(kTcThreads, forward_min_blocks(kE, kEv, kRotar
     // Zero weights still multiply V: NaN/inf in V reach the row, as in PyTorch's math path.
     // "exact" adds the product of P's rounding error, so that P reaches V at float32 accuracy.
     if constexpr (kWgmma) {
-      wgmma_fragments_times_tile<scalar_t, kBN, kEv, kSplit>(o[0], s[0], sV, [&] { draw_keep(j0 + kBN); });
+      wgmma_fragments_times_tile<scalar_t, kBN, kEv, kSplit>(o[0], s[0], sV, [&] {
+        draw_keep(j0 + kBN);
+        if constexpr (kAhead) {  // the next K tile, published by the next step's fence and barrier
+          if (j0 + kBN < key_end) {
+            cp_async_wait<0>();
+            __syncthreads();  // every thread's part of it has landed
+            rotate_tile_global<scalar_t, kBN, kThreads, LayoutK, kTurnBatch>(sK(buf ^ 1), p.k_rotary, b, hk, j0 + kBN,
+                                                                             key_end, E);
+          }
+        }
+      });
     } else {
       probabilities_times_v<scalar_t, kMI, kNB, kEv, kLdV, kSplit>(o, s, sV);
     }
@@ -295,21 +320,26 @@ void launch_forward_tc(const AttentionParams& p, bool wgmma, scalar_t* out, floa
       dispatch_flag(p.numerics == Numerics::kExact, [&](auto split) {
         constexpr int kE = decltype(e)::value, kEv = decltype(ev)::value;
         constexpr bool kRotary = decltype(rotary)::value, kSplit = decltype(split)::value;
-        const auto launch = [&](auto with_wgmma) {
+        const auto launch = [&](auto with_wgmma, auto groups) {
           constexpr bool kWgmma = decltype(with_wgmma)::value;
-          using Shape = ForwardShape<kE, kEv, kWgmma, kSplit>;
-          launch_threads(attention_forward_tc_kernel<scalar_t, kE, kEv, kRotary, kSplit, kWgmma>,
-                         tile_grid(p.queries, Shape::kBM, p.heads, p.batch), kTcThreads,
+          constexpr int kGroups = decltype(groups)::value;
+          using Shape = ForwardShape<kE, kEv, kWgmma, kSplit, kGroups>;
+          launch_threads(attention_forward_tc_kernel<scalar_t, kE, kEv, kRotary, kSplit, kWgmma, kGroups>,
+                         tile_grid(p.queries, Shape::kBM, p.heads, p.batch), Shape::kThreads,
                          Shape::kSmem + mask_tile_bytes<scalar_t, Shape::kBM, Shape::kBN>(p.mask_kind) +
                              (Shape::kTableInSmem && kRotary ? Shape::kTableBytes : 0),
                          p, out, lse, kv_finite);
         };
+        using One = std::integral_constant<int, 1>;
 #ifdef RUDNN_WGMMA
         if constexpr (kE % 64 == 0 && kEv % 64 == 0) {
-          if (wgmma) return launch(std::true_type{});
+          if constexpr (kRotary && kE <= 128 && kEv <= 128) {  // RoPE past one block of 64 rows: two groups
+            if (wgmma && p.queries > 64) return launch(std::true_type{}, std::integral_constant<int, 2>{});
+          }
+          if (wgmma) return launch(std::true_type{}, One{});
         }
 #endif
-        launch(std::false_type{});
+        launch(std::false_type{}, One{});
       });
     });
   });
