@@ -9,7 +9,7 @@
 #   documents benchmarks/bench_documents.py: packed documents, 64k-256k tokens, JSON into $OUT
 #   rotary    benchmarks/bench_rotary.py: fused RoPE against RoPE first, JSON into $OUT
 #   long      L = S = 65536, E = 64, bf16, causal, forward and backward: time and peak memory
-#   profile   per-kernel GPU time of forward and backward
+#   profile   per-kernel GPU time of forward and backward; PROFILE_ARGS adds options (--rope)
 #   ncu       Nsight Compute on the kernels of the cases named by NCU_CASES (default: the float32
 #             case), NCU_COUNT launches: details and per-instruction stall samples into $OUT, and
 #             per kernel the stall reasons and busiest opcodes (benchmarks/ncu_summary.py)
@@ -50,10 +50,10 @@ for step in "$@"; do
     long)
       python3 benchmarks/long_rows.py 2>&1 | tee "$OUT/long.log" ;;
     profile)
-      python3 benchmarks/profile_kernels.py 2>&1 | tee "$OUT/profile.log" | grep -v "^-" ;;
+      python3 benchmarks/profile_kernels.py ${PROFILE_ARGS:-} 2>&1 | tee "$OUT/profile.log" | grep -v "^-" ;;
     ncu)
       ncu --clock-control none --set full --import-source yes -k regex:attention -c "${NCU_COUNT:-3}" -f -o /tmp/rudnn-kernels \
-        python3 benchmarks/profile_kernels.py --cases "${NCU_CASES:-float32}" --once >"$OUT/ncu.log" 2>&1
+        python3 benchmarks/profile_kernels.py --cases "${NCU_CASES:-float32}" --once ${PROFILE_ARGS:-} >"$OUT/ncu.log" 2>&1
       ncu --import /tmp/rudnn-kernels.ncu-rep --page details >"$OUT/ncu_details.txt" 2>&1
       ncu --import /tmp/rudnn-kernels.ncu-rep --page source --csv --print-source sass >"$OUT/ncu_source.csv" 2>&1
       tail -n 3 "$OUT/ncu.log"; grep -E "^  [a-z_]+.*\(|Duration|Executed Ipc A|Issue Slots Busy|Registers Per|Achieved Occ" "$OUT/ncu_details.txt"

@@ -1,7 +1,7 @@
 """Where the GPU time goes: per-kernel CUDA time of rudnn's forward and backward on the issue's
 benchmark cases, from torch.profiler.
 
-    python benchmarks/profile_kernels.py [--cases SUBSTRING] [--once]
+    python benchmarks/profile_kernels.py [--cases SUBSTRING] [--once] [--rope]
 
 --once runs each selected case's forward and backward once, without torch.profiler, for an outside
 profiler (ncu --kernel-name ... python benchmarks/profile_kernels.py --cases float32 --once).
@@ -26,6 +26,7 @@ CASES = [benchmark.Case(8, 16, 4096, 128, dtype=torch.bfloat16),
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--cases", default="", help="only the cases whose name holds this")
 parser.add_argument("--once", action="store_true", help="run each case once, no torch.profiler")
+parser.add_argument("--rope", action="store_true", help="with RoPE fused (rope=True)")
 args = parser.parse_args()
 
 for case in CASES:
@@ -36,7 +37,8 @@ for case in CASES:
 
     def step():
         out = rudnn.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=case.dropout,
-                                                 is_causal=case.causal, enable_gqa=q.size(1) != k.size(1))
+                                                 is_causal=case.causal, enable_gqa=q.size(1) != k.size(1),
+                                                 rope=args.rope)
         torch.autograd.grad(out, [t for t in (q, k, v, mask) if t is not None and t.requires_grad], grad)
 
     step()
@@ -46,5 +48,5 @@ for case in CASES:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
-    print(case.name)
+    print(case.name + (" RoPE" if args.rope else ""))
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=8, max_name_column_width=60))
