@@ -9,7 +9,7 @@ for dtype in (torch.float16, torch.float32, torch.float64):
     # (150, 100): two key tiles of a head adding dQ in turns; (40, 200): four bands of one key tile
     # (float32/float64 CUDA-core backward); (130, 300) at E = 64: several tiles each way on the
     # wgmma kernels, whose fused RoPE turns the next tile while this one's products run; (16, 300):
-    # the one-group wgmma forward over three key tiles
+    # the one-group forward's turner group over three key tiles
     for L, S, E, Ev, hq, hk in ((1, 1, 8, 8, 1, 1), (17, 33, 40, 24, 4, 2), (70, 45, 130, 136, 2, 1),
                                 (150, 100, 24, 24, 2, 2), (40, 200, 24, 24, 2, 2), (130, 300, 64, 64, 2, 1),
                                 (16, 300, 64, 64, 2, 1)):

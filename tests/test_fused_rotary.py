@@ -34,7 +34,8 @@ CASES = {
     "decode": ((4, 4, 1, 129, 96, 96), {}, dict(offset=128, key_offset=0)),
     # Several query and key tiles at E = 128: tiles turned while the previous ones' products run.
     "tiles E128 causal": ((2, 2, 150, 300, 128, 128), dict(is_causal=True), dict(offset=7)),
-    # Few queries over several key tiles: on sm_90a the one-group wgmma forward, K tile after K tile.
+    # Few queries over several key tiles: on sm_90a the one-group wgmma forward, whose turner group
+    # turns the K tiles into two buffers in turn.
     "decode E128 tiles": ((2, 1, 16, 400, 128, 128), dict(attn_mask="bool", dropout_p=0.2, enable_gqa=True),
                           dict(offset=5)),
     # "exact" numerics past 64 queries: on sm_90a the two-group wgmma forward with 64-key tiles.

@@ -24,15 +24,18 @@ namespace tc_forward {
 // fragments of P keep 64.
 // kGroups = 2 is the fused-RoPE shape of more than one 64-row block by wgmma: two warp groups of 64
 // rows share each K tile, so that it is turned once per 128 rows, and K is double-buffered, so
-// that the next tile is turned while this one's P V products run.
-template <int kE, int kEv, bool kWgmma = false, bool kSplit = false, int kGroups = 1>
+// that the next tile is turned while this one's P V products run. The fused-RoPE shape of one
+// 64-row block by wgmma has a turner: a second warp group loads and turns the K tiles into two
+// buffers while the first computes with the previous tile.
+template <int kE, int kEv, bool kWgmma = false, bool kSplit = false, int kGroups = 1, bool kRotary = false>
 struct ForwardShape {
   static_assert(kGroups == 1 || kWgmma, "warp groups are wgmma's");
-  static constexpr int kThreads = kTcThreads * kGroups;
+  static constexpr bool kTurner = kRotary && kWgmma && kGroups == 1;
+  static constexpr int kComputeThreads = kTcThreads * kGroups, kThreads = kComputeThreads + kTurner * kTcThreads;
   // 16-row fragments per warp: mma.sync reads each K/V fragment for two where the registers allow.
   static constexpr int kMI = kE <= 128 && !kWgmma ? 2 : 1;
   static constexpr int kBM = 16 * kMI * kTcWarps * kGroups, kBN = kWgmma && kE <= 128 && !kSplit ? 128 : 64;
-  static constexpr int kNB = kBN / 8, kKBuffers = kGroups;
+  static constexpr int kNB = kBN / 8, kKBuffers = kGroups == 2 || kTurner ? 2 : 1;
   static constexpr int kLdK = kWgmma ? kE : tc_ld<kE>(), kLdV = kWgmma ? kEv : tc_ld<kEv>();
   using LayoutQ = std::conditional_t<kWgmma, SwizzledTile<kBM>, PaddedTile<kE>>;
   using LayoutK = std::conditional_t<kWgmma, SwizzledTile<kBN>, PaddedTile<kE>>;
@@ -44,7 +47,7 @@ struct ForwardShape {
   // RoPE: each K tile's table rows come by cp.async with the tile, where they fit beside two blocks
   // per multiprocessor; wider heads, and the wgmma kernels (128-key tiles), read them from global
   // memory as they turn the tile, prefetched into L1 a tile ahead.
-  static constexpr bool kTableInSmem = kE <= 128 && !kWgmma;
+  static constexpr bool kTableInSmem = kRotary && kE <= 128 && !kWgmma;
   static constexpr size_t kTableBytes = static_cast<size_t>(kBN) * kE * sizeof(float);
 };
 
@@ -52,12 +55,17 @@ struct ForwardShape {
 // accumulators beside them (bf16, E = 128, bytes spilled: four pieces 624, one 112).
 constexpr int kTurnBatch = 1;
 
+// Named barriers of the kernel with a turner: the computing group's own; the turner's; K buffer x
+// turned (kKeysTurned + x) and free again (kKeysFree + x).
+constexpr int kComputeBarrier = 1, kTurnerBarrier = 2, kKeysTurned = 3, kKeysFree = 5;
+
 // Blocks per multiprocessor the kernel is compiled for. E = 192, Ev = 128: shared memory holds
 // three, and the plain kernel fits their register share (168) without spilling; left free it took
 // 189 registers, so two. The wgmma kernels (one warp group of 64 rows, 128 keys) fit three blocks'
-// share at head dim 64 and two at 128 without spilling; two groups, one.
-constexpr int forward_min_blocks(int e, int ev, bool rotary, bool split, bool wgmma, int groups) {
-  if (groups == 2) return 1;
+// share at head dim 64 and two at 128 without spilling; with RoPE (two groups, or one and a
+// turner), one.
+constexpr int forward_min_blocks(int e, int ev, bool rotary, bool split, bool wgmma) {
+  if (wgmma && rotary) return 1;
   if (wgmma && e <= 128) return e <= 64 ? 3 : 2;
   return e == 192 && ev == 128 && !rotary && !split ? 3 : 1;
 }
@@ -113,21 +121,57 @@ __device__ __forceinline__ void probabilities_times_v(float (&o)[kMI][kEv / 8][4
   }
 }
 
+// The turner group's work: K tiles [begin, end) of head (b, hk), each loaded into buffer
+// tile % 2 once the computing group is done with the tile two before, turned, and published
+// (kKeysTurned); the next tile loads while this one is turned.
+template <typename scalar_t, int kE, typename Shape>
+__device__ __forceinline__ void turn_key_tiles(const AttentionParams& p, const InputReads& in, scalar_t* sK,
+                                               int64_t b, int64_t hk, int64_t begin, int64_t end) {
+  constexpr int kBN = Shape::kBN, kFirst = Shape::kComputeThreads;
+  using LayoutK = typename Shape::LayoutK;
+  const int E = static_cast<int>(p.head_dim);
+  const auto buffer = [&](int64_t tile) { return sK + (tile % 2) * kBN * Shape::kLdK; };
+  const auto load = [&](int64_t tile, int64_t j) {
+    tile_to_smem_async<scalar_t, kBN, kE, kTcThreads, LayoutK, kFirst>(buffer(tile), p.k, p.k_strides, b, hk, j, end,
+                                                                      E, in.k);
+    prefetch_table_rows<kBN, kTcThreads, kFirst>(p.k_rotary, b, hk, j, end, E);
+  };
+  if (begin < end) load(0, begin);
+  cp_async_commit();
+  for (int64_t j = begin, tile = 0; j < end; j += kBN, ++tile) {
+    if (j + kBN < end) {
+      if (tile >= 1) barrier_sync(kKeysFree + (tile + 1) % 2, Shape::kThreads);
+      load(tile + 1, j + kBN);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    barrier_sync(kTurnerBarrier, kTcThreads);  // every turner thread's part of this tile has landed
+    rotate_tile_global<scalar_t, kBN, kTcThreads, LayoutK, kTurnBatch, kFirst>(buffer(tile), p.k_rotary, b, hk, j, end,
+                                                                              E);
+    fence_async_shared();  // the turned tile, for the tensor cores
+    barrier_arrive(kKeysTurned + tile % 2, Shape::kThreads);
+  }
+  cp_async_wait<0>();
+}
+
 // kRotary: RoPE fused (p.rotary()); kSplit: "exact" numerics (P V's split products). Template
 // flags, so that the kernels without them keep their registers for the fragments (the code of
-// either alone made the E = 128 kernel spill). kWgmma, kGroups: ForwardShape's.
+// either alone made the E = 128 kernel spill). kWgmma, kGroups: ForwardShape's; RoPE by wgmma on one
+// group has a turner.
 template <typename scalar_t, int kE, int kEv, bool kRotary, bool kSplit, bool kWgmma, int kGroups>
-__global__ void __launch_bounds__(kTcThreads * kGroups, forward_min_blocks(kE, kEv, kRotary, kSplit, kWgmma, kGroups))
+__global__ void __launch_bounds__(ForwardShape<kE, kEv, kWgmma, kSplit, kGroups, kRotary>::kThreads,
+                                  forward_min_blocks(kE, kEv, kRotary, kSplit, kWgmma))
     attention_forward_tc_kernel(const AttentionParams p, scalar_t* __restrict__ out, float* __restrict__ lse,
                                 const bool* __restrict__ kv_finite) {
-  using Shape = ForwardShape<kE, kEv, kWgmma, kSplit, kGroups>;
+  using Shape = ForwardShape<kE, kEv, kWgmma, kSplit, kGroups, kRotary>;
+  constexpr bool kTurner = Shape::kTurner;
   using LayoutQ = typename Shape::LayoutQ;
   using LayoutK = typename Shape::LayoutK;
   using LayoutV = typename Shape::LayoutV;
-  constexpr int kMI = Shape::kMI, kBM = Shape::kBM, kBN = Shape::kBN, kNB = Shape::kNB, kThreads = Shape::kThreads;
-  constexpr int kLdK = Shape::kLdK, kLdV = Shape::kLdV;
-  // With two K buffers (RoPE's two groups), the next K tile lands and is turned during this one.
-  constexpr bool kAhead = kRotary && Shape::kKBuffers == 2;
+  constexpr int kMI = Shape::kMI, kBM = Shape::kBM, kBN = Shape::kBN, kNB = Shape::kNB;
+  constexpr int kThreads = Shape::kComputeThreads, kLdK = Shape::kLdK, kLdV = Shape::kLdV;
+  // RoPE's two groups: the next K tile lands in the other buffer and is turned during this one.
+  constexpr bool kAhead = kRotary && kGroups == 2;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = threadIdx.x / kTcThreads;
   const int64_t b = blockIdx.z, h = blockIdx.y;
   // Causal blocks run from the longest rows down, so that the last wave is of short ones.
@@ -144,11 +188,22 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, forward_min_blocks(kE, k
   scalar_t* sV = sK(Shape::kKBuffers);
   unsigned char* sMask = reinterpret_cast<unsigned char*>(sV + kBN * kLdV);
   float* sTable = reinterpret_cast<float*>(sMask + mask_tile_bytes<scalar_t, kBM, kBN>(p.mask_kind));
-  constexpr bool kTableInSmem = Shape::kTableInSmem && kRotary;
+  constexpr bool kTableInSmem = Shape::kTableInSmem;
 
   // Tiles past the causal frontier are skipped unless K or V holds a non-finite value.
   const RowRange keys = visible_keys(p, kv_finite, b, hk, i0, kBM, kBN);
   const int64_t key_end = keys.end;
+  if constexpr (kTurner) {
+    if (wg == kGroups) return turn_key_tiles<scalar_t, kE, Shape>(p, in, sK(0), b, hk, keys.begin, key_end);
+  }
+  // The block's barrier, but for the turner's threads.
+  const auto sync_compute = [&] {
+    if constexpr (kTurner) {
+      barrier_sync(kComputeBarrier, kThreads);
+    } else {
+      __syncthreads();
+    }
+  };
   tile_to_smem_async<scalar_t, kBM, kE, kThreads, LayoutQ>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
   if constexpr (kRotary) cp_async_commit();  // Q alone, turned below while the first K tile loads
   const auto load_keys = [&](int buf, int64_t j) {
@@ -159,7 +214,7 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, forward_min_blocks(kE, k
       prefetch_table_rows<kBN, kThreads>(p.k_rotary, b, hk, j, key_end, E);
     }
   };
-  load_keys(0, keys.begin);
+  if constexpr (!kTurner) load_keys(0, keys.begin);
   cp_async_commit();
 
   // m: running maximum of a row; l: this lane's part of its running denominator.
@@ -169,7 +224,7 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, forward_min_blocks(kE, k
   const DropoutRng rng = device_rng(p);
   if constexpr (kRotary) {  // RoPE: Q once, before the loop, where no fragment of P is live
     cp_async_wait<1>();
-    __syncthreads();
+    sync_compute();
     rotate_tile_global<scalar_t, kBM, kThreads, LayoutQ, kTurnBatch>(sQ, p.q_rotary, b, h, i0, p.queries, E);
   }
 
@@ -189,9 +244,10 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, forward_min_blocks(kE, k
     }
   };
   if constexpr (kWgmma) draw_keep(keys.begin);
+  const int64_t tiles = (key_end - keys.begin + kBN - 1) / kBN;
   for (int64_t j0 = keys.begin, tile = 0; j0 < key_end; j0 += kBN, ++tile) {
     const int buf = static_cast<int>(tile % Shape::kKBuffers);
-    __syncthreads();  // every warp is done with the previous V and mask tile (and K buffer)
+    sync_compute();  // every warp is done with the previous V and mask tile (and K buffer)
     if (in.masked) {
       mask_tile_to_smem<scalar_t, kBM, kBN, kThreads>(p, sMask, b, h, i0, j0, in.mask_async);
       cp_async_commit();
@@ -202,12 +258,14 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, forward_min_blocks(kE, k
       if (j0 + kBN < key_end) load_keys(buf ^ 1, j0 + kBN);
       cp_async_commit();
     }
-    // Q (without RoPE, waited for above with it), this K and this mask tile; V (and the next K) may
-    // still be landing.
+    // Q (without RoPE, waited for above with it), this K (but the turner's) and this mask tile; V
+    // (and the next K) may still be landing.
     cp_async_wait<kAhead ? 2 : 1>();
     if constexpr (kWgmma) fence_async_shared();
-    __syncthreads();
-    if constexpr (kRotary) {  // RoPE: each K tile as it lands, where not turned ahead
+    sync_compute();
+    if constexpr (kTurner) {
+      barrier_sync(kKeysTurned + buf, Shape::kThreads);
+    } else if constexpr (kRotary) {  // RoPE: each K tile as it lands, where not turned ahead
       if (!kAhead || tile == 0) {
         if constexpr (kTableInSmem) {
           rotate_tile_smem<scalar_t, kBN, kThreads, LayoutK, kTurnBatch>(sK(buf), sTable, p.k_rotary.interleaved, j0,
@@ -227,7 +285,9 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, forward_min_blocks(kE, k
     } else {
       queries_times_keys<scalar_t, kMI, kNB, kE, kLdK>(s, sQ, sK(buf));
     }
-    if constexpr (!kAhead) {
+    if constexpr (kTurner) {
+      if (tile + 2 < tiles) barrier_arrive(kKeysFree + buf, Shape::kThreads);  // the turner's next tile here
+    } else if constexpr (!kAhead) {
       __syncthreads();  // every warp is done with this K
       if (j0 + kBN < key_end) load_keys(0, j0 + kBN);
       cp_async_commit();
@@ -264,9 +324,9 @@ __global__ void __launch_bounds__(kTcThreads * kGroups, forward_min_blocks(kE, k
       }
     }
 
-    cp_async_wait<1>();  // this V
+    cp_async_wait<kTurner ? 0 : 1>();  // this V (the last group the turner's block commits)
     if constexpr (kWgmma) fence_async_shared();
-    __syncthreads();
+    sync_compute();
     // Zero weights still multiply V: NaN/inf in V reach the row, as in PyTorch's math path.
     // "exact" adds the product of P's rounding error, so that P reaches V at float32 accuracy.
     if constexpr (kWgmma) {
@@ -323,11 +383,11 @@ void launch_forward_tc(const AttentionParams& p, bool wgmma, scalar_t* out, floa
         const auto launch = [&](auto with_wgmma, auto groups) {
           constexpr bool kWgmma = decltype(with_wgmma)::value;
           constexpr int kGroups = decltype(groups)::value;
-          using Shape = ForwardShape<kE, kEv, kWgmma, kSplit, kGroups>;
+          using Shape = ForwardShape<kE, kEv, kWgmma, kSplit, kGroups, kRotary>;
           launch_threads(attention_forward_tc_kernel<scalar_t, kE, kEv, kRotary, kSplit, kWgmma, kGroups>,
                          tile_grid(p.queries, Shape::kBM, p.heads, p.batch), Shape::kThreads,
                          Shape::kSmem + mask_tile_bytes<scalar_t, Shape::kBM, Shape::kBN>(p.mask_kind) +
-                             (Shape::kTableInSmem && kRotary ? Shape::kTableBytes : 0),
+                             (Shape::kTableInSmem ? Shape::kTableBytes : 0),
                          p, out, lse, kv_finite);
         };
         using One = std::integral_constant<int, 1>;

@@ -32,22 +32,25 @@ struct PaddedTile {
 // rows [row0, row0 + kRows) x columns [0, kCols) of a canonical tensor into a tile (Layout: padded,
 // or wgmma.cuh's swizzled panels; either keeps 16-byte chunks whole);
 // rows past `rows` and columns past `cols` read as zeros. `async` (rows_in_16_byte_chunks): by cp.async in
-// the caller's next group; where the block's threads cover whole rows, a thread keeps one column
-// chunk and steps down the rows. Otherwise (any head dim, any strides) element by element.
-template <typename scalar_t, int kRows, int kCols, int kThreadCount, typename Layout = PaddedTile<kCols>>
+// the caller's next group; where the threads cover whole rows, a thread keeps one column chunk and
+// steps down the rows. Otherwise (any head dim, any strides) element by element. The copying
+// threads: kThreadCount of the block's, from thread kFirst on.
+template <typename scalar_t, int kRows, int kCols, int kThreadCount, typename Layout = PaddedTile<kCols>,
+          int kFirst = 0>
 __device__ __forceinline__ void tile_to_smem_async(scalar_t* tile, const void* base, const Strides4& s, int64_t b,
                                                    int64_t h, int64_t row0, int64_t rows, int cols, bool async) {
   constexpr int kChunks = kCols / 8;
+  const int thread = static_cast<int>(threadIdx.x) - kFirst;
   if (!async) {
 #pragma unroll 1
-    for (int idx = threadIdx.x; idx < kRows * kCols; idx += kThreadCount) {
+    for (int idx = thread; idx < kRows * kCols; idx += kThreadCount) {
       const int r = idx / kCols, c = idx % kCols;
       const bool valid = row0 + r < rows && c < cols;
       tile[Layout::offset(r, c)] = valid ? at_row<scalar_t>(base, s, b, h, row0 + r)[c * s.col] : scalar_t(0);
     }
   } else if constexpr (kThreadCount % kChunks == 0) {
     constexpr int kStep = kThreadCount / kChunks;
-    const int r0 = threadIdx.x / kChunks, c = threadIdx.x % kChunks;
+    const int r0 = thread / kChunks, c = thread % kChunks;
     const scalar_t* src = at_row<scalar_t>(base, s, b, h, row0 + r0) + c * 8;
     const bool column_valid = c * 8 < cols;
     // A whole tile, the common case, without a check per row. Both layouts repeat every 8 rows
@@ -74,7 +77,7 @@ __device__ __forceinline__ void tile_to_smem_async(scalar_t* tile, const void* b
       cp_async16(tile + Layout::offset(r, c * 8), valid ? src : static_cast<const scalar_t*>(base), valid ? 16 : 0);
     }
   } else {
-    for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreadCount) {
+    for (int idx = thread; idx < kRows * kChunks; idx += kThreadCount) {
       const int r = idx / kChunks, c = idx % kChunks;
       const bool valid = row0 + r < rows && c * 8 < cols;
       const scalar_t* src =

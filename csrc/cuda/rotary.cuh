@@ -53,14 +53,15 @@ __device__ __forceinline__ void turn_pair(T& x1, T& x2, T cos, T sin) {
 // aligned runs of 8 columns together) turned in place, row r by the table row angles(r) (global or
 // shared memory); rows at or past `valid` are left as they are. Where `vector`, a thread turns four
 // pairs at a time, and the table pieces of kBatch groups are read before any is used, so that
-// their latencies overlap (each group holds 8 floats of them in registers).
-template <typename scalar_t, int kRows, int kThreadCount, typename Layout, int kBatch, typename Angles>
+// their latencies overlap (each group holds 8 floats of them in registers). The turning threads:
+// kThreadCount of the block's, from thread kFirst on.
+template <typename scalar_t, int kRows, int kThreadCount, typename Layout, int kBatch, int kFirst, typename Angles>
 __device__ __forceinline__ void rotate_tile(scalar_t* tile, bool interleaved, int valid, int E, bool vector,
                                             Angles angles) {
-  const int half = E / 2;
+  const int half = E / 2, thread = static_cast<int>(threadIdx.x) - kFirst;
   if (!vector) {
 #pragma unroll 1
-    for (int idx = threadIdx.x; idx < kRows * half; idx += kThreadCount) {
+    for (int idx = thread; idx < kRows * half; idx += kThreadCount) {
       const int r = idx / half, pair = idx % half;
       if (r >= valid) break;  // idx only grows, and so does r
       const float* a = angles(r);
@@ -76,7 +77,7 @@ __device__ __forceinline__ void rotate_tile(scalar_t* tile, bool interleaved, in
   }
   const int groups = half / 4, total = min(valid, kRows) * groups;
 #pragma unroll 1
-  for (int base = threadIdx.x; base < total; base += kBatch * kThreadCount) {
+  for (int base = thread; base < total; base += kBatch * kThreadCount) {
     float4 cos[kBatch], sin[kBatch];
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
@@ -126,24 +127,24 @@ __device__ __forceinline__ void rotate_tile(scalar_t* tile, bool interleaved, in
 // A tile of rows [row0, row0 + kRows) of head (b, h) turned with its table rows read straight from
 // global memory (L1 where prefetch_table_rows ran a tile earlier): tiles a block turns once, the
 // backward's streamed tiles, and the forward's K tiles of wide heads.
-template <typename scalar_t, int kRows, int kThreadCount, typename Layout, int kBatch = 4>
+template <typename scalar_t, int kRows, int kThreadCount, typename Layout, int kBatch = 4, int kFirst = 0>
 __device__ __forceinline__ void rotate_tile_global(scalar_t* tile, const RotaryTable& t, int64_t b, int64_t h,
                                                    int64_t row0, int64_t rows, int E) {
   const int valid = static_cast<int>(max(int64_t{0}, min(int64_t{kRows}, rows - row0)));
-  rotate_tile<scalar_t, kRows, kThreadCount, Layout, kBatch>(tile, t.interleaved, valid, E, rotary_rows_vector(t, E),
-                                                             [&](int r) { return rotary_row(t, b, h, row0 + r); });
+  rotate_tile<scalar_t, kRows, kThreadCount, Layout, kBatch, kFirst>(
+      tile, t.interleaved, valid, E, rotary_rows_vector(t, E), [&](int r) { return rotary_row(t, b, h, row0 + r); });
 }
 
 // Table rows [row0, row0 + kRows) of head (b, h) fetched into L1 ahead of rotate_tile_global, so
 // that turning a streamed tile, a tile later, waits on L1 rather than L2.
-template <int kRows, int kThreadCount>
+template <int kRows, int kThreadCount, int kFirst = 0>
 __device__ __forceinline__ void prefetch_table_rows(const RotaryTable& t, int64_t b, int64_t h, int64_t row0,
                                                     int64_t rows, int E) {
   constexpr int kLine = 128 / sizeof(float);
   const int valid = static_cast<int>(max(int64_t{0}, min(int64_t{kRows}, rows - row0)));
   const int lines = (E + kLine - 1) / kLine;
 #pragma unroll 1
-  for (int idx = threadIdx.x; idx < valid * lines; idx += kThreadCount) {
+  for (int idx = static_cast<int>(threadIdx.x) - kFirst; idx < valid * lines; idx += kThreadCount) {
     const float* at = rotary_row(t, b, h, row0 + idx / lines) + min(idx % lines * kLine, E - 1);
     asm volatile("prefetch.global.L1 [%0];\n" ::"l"(at));
   }
@@ -176,7 +177,7 @@ template <typename scalar_t, int kRows, int kThreadCount, typename Layout, int k
 __device__ __forceinline__ void rotate_tile_smem(scalar_t* tile, const float* table, bool interleaved, int64_t row0,
                                                  int64_t rows, int E) {
   const int valid = static_cast<int>(max(int64_t{0}, min(int64_t{kRows}, rows - row0)));
-  rotate_tile<scalar_t, kRows, kThreadCount, Layout, kBatch>(tile, interleaved, valid, E, E % 8 == 0,
+  rotate_tile<scalar_t, kRows, kThreadCount, Layout, kBatch, 0>(tile, interleaved, valid, E, E % 8 == 0,
                                                              [&](int r) { return table + r * E; });
 }
 

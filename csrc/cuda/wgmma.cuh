@@ -45,6 +45,16 @@ __device__ __forceinline__ void fence_async_shared() {
 #endif
 }
 
+// Named barriers between warp groups of one block (0 is __syncthreads'): `threads` of the block
+// arrive, and those that sync wait until all have. An arrival publishes the arriving thread's
+// earlier shared-memory writes to the threads that sync.
+__device__ __forceinline__ void barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Keeps the compiler from moving reads and writes of x across the asynchronous products: float
 // accumulators, or uint32_t A fragments, which the products read until they are waited for.
 template <typename T, int N>
