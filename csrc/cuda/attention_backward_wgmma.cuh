@@ -365,7 +365,7 @@ void launch_backward_wgmma(const AttentionParams& p, const BackwardArgs<float>& 
   dispatch_flag(p.rotary(), [&](auto rotary) {
     constexpr bool kRotary = decltype(rotary)::value;
     constexpr int kGroups = max_groups(kE, kEv, kRotary);
-    if constexpr (kE + kEv > 320) {
+    if constexpr (max_groups(kE, kEv, false) == 2) {  // the widest heads, whose one group fills shared memory
       const size_t need =
           std::max(dq_smem<scalar_t, kE, kEv, 2>(p.mask_kind), dkdv_smem<scalar_t, kE, kEv, 2>(p.mask_kind));
       if (need > max_shared_memory()) return launch_backward_groups<scalar_t, kE, kEv, 1, kRotary>(p, a, dq, dk, dv);
