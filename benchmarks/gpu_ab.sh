@@ -7,7 +7,8 @@
 #   device:  bash benchmarks/gpu_ab.sh run           with build/ab_base carried
 # `run` builds REV's sources and runs BASE_STEPS (default: profile bench, rudnn alone) into
 # $OUT/base, then the working tree's and CAND_STEPS (default: tests profile bench sanitize, rudnn
-# against torch flash and efficient) into $OUT/cand; the bench steps take BENCH_SETS (default issue).
+# against CAND_IMPLS, default torch flash and efficient) into $OUT/cand; the bench steps take BENCH_SETS
+# (default issue) and BENCH_ARGS (e.g. --cases E192).
 set -uo pipefail
 BASE=build/ab_base
 case "${1:-}" in
@@ -36,12 +37,12 @@ case "${1:-}" in
     done
     [ -d "$BASE/csrc" ] && cp -r "$BASE/csrc/." csrc/
     echo "== base: $(cat "$BASE/rev")"
-    OUT=$ROOT/base BENCH_SETS=${BENCH_SETS:-issue} BENCH_ARGS="--impls rudnn" \
+    OUT=$ROOT/base BENCH_SETS=${BENCH_SETS:-issue} BENCH_ARGS="--impls rudnn ${BENCH_ARGS:-}" \
       bash benchmarks/gpu_check.sh ${BASE_STEPS:-profile bench}
     for f in $changed; do [ -e "$cand/$f" ] && cp "$cand/$f" "$f"; done
     for f in $(cat "$BASE/removed" 2>/dev/null); do rm -f "$f"; done
     echo "== working tree"
-    OUT=$ROOT/cand BENCH_SETS=${BENCH_SETS:-issue} BENCH_ARGS="--impls rudnn,flash,efficient" \
+    OUT=$ROOT/cand BENCH_SETS=${BENCH_SETS:-issue} BENCH_ARGS="--impls ${CAND_IMPLS:-rudnn,flash,efficient} ${BENCH_ARGS:-}" \
       bash benchmarks/gpu_check.sh ${CAND_STEPS:-tests profile bench sanitize} ;;
   *) echo "usage: gpu_ab.sh prepare REV | run"; exit 2 ;;
 esac
