@@ -121,6 +121,21 @@ __device__ __forceinline__ void probabilities_times_v(float (&o)[kMI][kEv / 8][4
   }
 }
 
+// K tile j of head (b, hk) by cp.async, by threads kFirst .. kFirst + kLoaders - 1, with its RoPE
+// table rows: into shared memory where Shape keeps them there, else prefetched into L1 for the turn.
+template <typename scalar_t, int kE, typename Shape, bool kRotary, int kLoaders, int kFirst = 0>
+__device__ __forceinline__ void load_key_tile(const AttentionParams& p, const InputReads& in, scalar_t* sK,
+                                              float* sTable, int64_t b, int64_t hk, int64_t j, int64_t end) {
+  const int E = static_cast<int>(p.head_dim);
+  tile_to_smem_async<scalar_t, Shape::kBN, kE, kLoaders, typename Shape::LayoutK, kFirst>(sK, p.k, p.k_strides, b, hk,
+                                                                                         j, end, E, in.k);
+  if constexpr (Shape::kTableInSmem) {
+    table_to_smem_async<Shape::kBN, kLoaders, kFirst>(sTable, p.k_rotary, b, hk, j, end, E);
+  } else if constexpr (kRotary) {
+    prefetch_table_rows<Shape::kBN, kLoaders, kFirst>(p.k_rotary, b, hk, j, end, E);
+  }
+}
+
 // The turner group's work: K tiles [begin, end) of head (b, hk), each loaded into buffer
 // tile % 2 once the computing group is done with the tile two before, turned, and published
 // (kKeysTurned); the next tile loads while this one is turned.
@@ -132,9 +147,7 @@ __device__ __forceinline__ void turn_key_tiles(const AttentionParams& p, const I
   const int E = static_cast<int>(p.head_dim);
   const auto buffer = [&](int64_t tile) { return sK + (tile % 2) * kBN * Shape::kLdK; };
   const auto load = [&](int64_t tile, int64_t j) {
-    tile_to_smem_async<scalar_t, kBN, kE, kTcThreads, LayoutK, kFirst>(buffer(tile), p.k, p.k_strides, b, hk, j, end,
-                                                                      E, in.k);
-    prefetch_table_rows<kBN, kTcThreads, kFirst>(p.k_rotary, b, hk, j, end, E);
+    load_key_tile<scalar_t, kE, Shape, true, kTcThreads, kFirst>(p, in, buffer(tile), nullptr, b, hk, j, end);
   };
   if (begin < end) load(0, begin);
   cp_async_commit();
@@ -207,12 +220,7 @@ __global__ void __launch_bounds__(ForwardShape<kE, kEv, kWgmma, kSplit, kGroups,
   tile_to_smem_async<scalar_t, kBM, kE, kThreads, LayoutQ>(sQ, p.q, p.q_strides, b, h, i0, p.queries, E, in.q);
   if constexpr (kRotary) cp_async_commit();  // Q alone, turned below while the first K tile loads
   const auto load_keys = [&](int buf, int64_t j) {
-    tile_to_smem_async<scalar_t, kBN, kE, kThreads, LayoutK>(sK(buf), p.k, p.k_strides, b, hk, j, key_end, E, in.k);
-    if constexpr (kTableInSmem) {
-      table_to_smem_async<kBN, kThreads>(sTable, p.k_rotary, b, hk, j, key_end, E);
-    } else if constexpr (kRotary) {
-      prefetch_table_rows<kBN, kThreads>(p.k_rotary, b, hk, j, key_end, E);
-    }
+    load_key_tile<scalar_t, kE, Shape, kRotary, kThreads>(p, in, sK(buf), sTable, b, hk, j, key_end);
   };
   if constexpr (!kTurner) load_keys(0, keys.begin);
   cp_async_commit();

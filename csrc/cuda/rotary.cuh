@@ -152,22 +152,22 @@ __device__ __forceinline__ void prefetch_table_rows(const RotaryTable& t, int64_
 
 // Table rows [row0, row0 + kRows) of head (b, h) into shared memory (kRows x E floats) by cp.async
 // in the caller's next group where rotary_rows_vector, element by element otherwise; rows past
-// `rows` are not read.
-template <int kRows, int kThreadCount>
+// `rows` are not read. By kThreadCount of the block's threads, from thread kFirst on.
+template <int kRows, int kThreadCount, int kFirst = 0>
 __device__ __forceinline__ void table_to_smem_async(float* dst, const RotaryTable& t, int64_t b, int64_t h,
                                                     int64_t row0, int64_t rows, int E) {
   const int valid = static_cast<int>(max(int64_t{0}, min(int64_t{kRows}, rows - row0)));
   if (rotary_rows_vector(t, E)) {
     const int pieces = E / 4;
 #pragma unroll 1
-    for (int idx = threadIdx.x; idx < valid * pieces; idx += kThreadCount) {
+    for (int idx = static_cast<int>(threadIdx.x) - kFirst; idx < valid * pieces; idx += kThreadCount) {
       const int r = idx / pieces, c = idx % pieces;
       cp_async16(dst + r * E + 4 * c, rotary_row(t, b, h, row0 + r) + 4 * c, 16);
     }
     return;
   }
 #pragma unroll 1
-  for (int idx = threadIdx.x; idx < valid * E; idx += kThreadCount) {
+  for (int idx = static_cast<int>(threadIdx.x) - kFirst; idx < valid * E; idx += kThreadCount) {
     dst[idx] = rotary_row(t, b, h, row0 + idx / E)[idx % E];
   }
 }
