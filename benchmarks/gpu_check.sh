@@ -3,7 +3,9 @@
 # then the named steps.   bash benchmarks/gpu_check.sh [tests] [sanitize] [bench] [documents] [rotary] [long] [profile] [ncu]
 #   tests     the whole test suite's CUDA half (device-parametrised tests, test_cuda.py, test_tensor_cores.py)
 #             and the error-message tests (the machine's own build of the host code)
-#   sanitize  compute-sanitizer memcheck and racecheck on a small grid of shapes
+#   sanitize  compute-sanitizer memcheck and racecheck on a small grid of shapes, each tool cut at
+#             SANITIZE_TIMEOUT s (300; racecheck took over 200 s on 2026-12-07), SANITIZE_DTYPES
+#             names a part of the grid (e.g. float16: the tensor-core kernels)
 #   bench     benchmarks/bench_attention.py on the GPU, JSON into $OUT; BENCH_SETS picks the case sets,
 #             BENCH_ARGS adds options (a quick look: BENCH_ARGS="--impls rudnn,flash --modes fwd")
 #   documents benchmarks/bench_documents.py: packed documents, 64k-256k tokens, JSON into $OUT
@@ -36,7 +38,8 @@ for step in "$@"; do
       status=$((status | PIPESTATUS[0])) ;;
     sanitize)
       for tool in memcheck racecheck; do
-        timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 9 python3 benchmarks/sanitize_grid.py >"$OUT/$tool.log" 2>&1
+        timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
+          python3 benchmarks/sanitize_grid.py ${SANITIZE_DTYPES:-} >"$OUT/$tool.log" 2>&1
         code=$?
         echo "compute-sanitizer $tool: exit $code"
         tail -n 5 "$OUT/$tool.log"

@@ -1,11 +1,14 @@
 """A small grid of shapes for compute-sanitizer: odd sizes, masks, dropout, GQA, documents, fused RoPE, every
-dtype."""
+dtype (or the dtypes named: python benchmarks/sanitize_grid.py float16). Each dtype's line is printed
+when it is done, so that a run cut by its time limit still says what it covered."""
+import sys
+
 import torch
 
 import rudnn
 
 torch.manual_seed(0)
-for dtype in (torch.float16, torch.float32, torch.float64):
+for dtype in [getattr(torch, name) for name in sys.argv[1:]] or (torch.float16, torch.float32, torch.float64):
     # (150, 100): two key tiles of a head adding dQ in turns; (40, 200): four bands of one key tile
     # (float32/float64 CUDA-core backward); (130, 300) at E = 64: several tiles each way on the
     # wgmma kernels, whose fused RoPE turns the next tile while this one's products run; (16, 300):
@@ -32,5 +35,6 @@ for dtype in (torch.float16, torch.float32, torch.float64):
                                                      rope=rudnn.Rotary(offset=3) if variant == "rope" else None)
             out.backward(torch.randn_like(out))
     mask = rudnn.dropout_mask(2, 3, 5, 7, 0.5, 1, 2, dtype=dtype, device="cuda")
-torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    print(f"{dtype} done", flush=True)
 print("sanitize grid done")
