@@ -18,9 +18,8 @@ case "${1:-}" in
     for f in $(git diff --name-only "$rev" -- csrc); do
       if git cat-file -e "$rev:$f" 2>/dev/null; then
         mkdir -p "$BASE/$(dirname "$f")" && git show "$rev:$f" >"$BASE/$f"
-        [ -e "$f" ] || echo "$f" >>"$BASE/removed"  # gone from the working tree: removed again after the base build
       else
-        echo "$f" >>"$BASE/added"  # new in the working tree: removed for the base build
+        echo "$f" >>"$BASE/added"  # new in the working tree: removed from REV's copy
       fi
     done
     git rev-parse --short "$rev" >"$BASE/rev"
