@@ -12,8 +12,8 @@
 #   rotary    benchmarks/bench_rotary.py: fused RoPE against RoPE first, JSON into $OUT
 #   long      L = S = 65536, E = 64, bf16, causal, forward and backward: time and peak memory
 #   profile   per-kernel GPU time of forward and backward; PROFILE_ARGS adds options (--rope)
-#   ncu       Nsight Compute on the kernels of the cases named by NCU_CASES (default: the float32
-#             case), NCU_COUNT launches: details and per-instruction stall samples into $OUT, and
+#   ncu       Nsight Compute on the kernels of the cases named by NCU_CASES (substrings of their
+#             names, comma-separated; default: the float32 case), NCU_COUNT launches: details and per-instruction stall samples into $OUT, and
 #             per kernel the stall reasons and busiest opcodes (benchmarks/ncu_summary.py)
 set -uo pipefail
 OUT=${OUT:-/tmp/rudnn-gpu}

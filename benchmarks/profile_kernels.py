@@ -1,7 +1,7 @@
 """Where the GPU time goes: per-kernel CUDA time of rudnn's forward and backward on the issue's
 benchmark cases, from torch.profiler.
 
-    python benchmarks/profile_kernels.py [--cases SUBSTRING] [--once] [--rope]
+    python benchmarks/profile_kernels.py [--cases SUBSTRING[,SUBSTRING...]] [--once] [--rope]
 
 --once runs each selected case's forward and backward once, without torch.profiler, for an outside
 profiler (ncu --kernel-name ... python benchmarks/profile_kernels.py --cases float32 --once).
@@ -24,13 +24,13 @@ CASES = [benchmark.Case(8, 16, 4096, 128, dtype=torch.bfloat16),
          benchmark.Case(4, 16, 2048, 64, dtype=torch.float32, mask="bool", dropout=0.1)]
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-parser.add_argument("--cases", default="", help="only the cases whose name holds this")
+parser.add_argument("--cases", default="", help="only the cases whose name holds one of these (comma-separated)")
 parser.add_argument("--once", action="store_true", help="run each case once, no torch.profiler")
 parser.add_argument("--rope", action="store_true", help="with RoPE fused (rope=True)")
 args = parser.parse_args()
 
 for case in CASES:
-    if args.cases not in case.name:
+    if not any(part in case.name for part in args.cases.split(",")):
         continue
     q, k, v, mask = case.inputs("cuda", True)
     grad = torch.randn_like(q)
