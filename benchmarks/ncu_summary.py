@@ -11,21 +11,29 @@ import csv
 
 
 def kernels(rows):
-    """(kernel name, header, instruction rows) per kernel section of the CSV; the page repeats some
-    kernels' sections, which are read once."""
-    name, header, body, seen = None, None, [], set()
+    """(kernel name, header, instruction rows) per profiled launch in the CSV; the page prints each
+    launch's section twice in a row, and the repeat is read once (launches of one kernel in
+    different cases are kept apart)."""
+    name, header, body, last = None, None, [], None
+
+    def section():
+        nonlocal last
+        if header is None or (name, body) == last:
+            return None
+        last = (name, body)
+        return name, header, body
+
     for row in rows:
         if row and row[0] == "Kernel Name":
-            if header is not None and name not in seen:
-                seen.add(name)
-                yield name, header, body
+            if (done := section()) is not None:
+                yield done
             name, header, body = row[1], None, []
         elif row and row[0] == "Address" and header is None:
             header = row
         elif header is not None and len(row) == len(header):
             body.append(dict(zip(header, row)))
-    if header is not None and name not in seen:
-        yield name, header, body
+    if (done := section()) is not None:
+        yield done
 
 
 def opcode(source):
