@@ -13,8 +13,9 @@
 #   long      L = S = 65536, E = 64, bf16, causal, forward and backward: time and peak memory
 #   profile   per-kernel GPU time of forward and backward; PROFILE_ARGS adds options (--rope)
 #   ncu       Nsight Compute on the kernels of the cases named by NCU_CASES (substrings of their
-#             names, comma-separated; default: the float32 case), NCU_COUNT launches: details and per-instruction stall samples into $OUT, and
-#             per kernel the stall reasons and busiest opcodes (benchmarks/ncu_summary.py)
+#             names, comma-separated; default: the float32 case), NCU_COUNT launches: details and
+#             per-instruction stall samples into $OUT, and per launch the stall reasons and
+#             busiest opcodes (benchmarks/ncu_summary.py)
 set -uo pipefail
 OUT=${OUT:-/tmp/rudnn-gpu}
 mkdir -p "$OUT"
