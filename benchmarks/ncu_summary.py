@@ -14,26 +14,19 @@ def kernels(rows):
     """(kernel name, header, instruction rows) per profiled launch in the CSV; the page prints each
     launch's section twice in a row, and the repeat is read once (launches of one kernel in
     different cases are kept apart)."""
-    name, header, body, last = None, None, [], None
-
-    def section():
-        nonlocal last
-        if header is None or (name, body) == last:
-            return None
-        last = (name, body)
-        return name, header, body
-
+    sections = []  # [name, header, body]
     for row in rows:
         if row and row[0] == "Kernel Name":
-            if (done := section()) is not None:
-                yield done
-            name, header, body = row[1], None, []
-        elif row and row[0] == "Address" and header is None:
-            header = row
-        elif header is not None and len(row) == len(header):
-            body.append(dict(zip(header, row)))
-    if (done := section()) is not None:
-        yield done
+            sections.append([row[1], None, []])
+        elif sections and row and row[0] == "Address" and sections[-1][1] is None:
+            sections[-1][1] = row
+        elif sections and sections[-1][1] is not None and len(row) == len(sections[-1][1]):
+            sections[-1][2].append(dict(zip(sections[-1][1], row)))
+    previous = None
+    for name, header, body in sections:
+        if header is not None and (name, body) != previous:
+            yield name, header, body
+        previous = (name, body)
 
 
 def opcode(source):
